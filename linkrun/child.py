@@ -1,0 +1,49 @@
+"""Process-group plumbing shared by the runner and the supervisor.
+
+Every deadline runs on CLOCK_BOOTTIME so that a suspended laptop's sleep
+counts against a timeout; Python's waits have no timer on that clock, so
+callers wait in slices of at most SLICE seconds and check the deadline at
+each wake. Nothing here polls while nothing is in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+SLICE = 1.0
+
+
+def boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def exit_status(pidfd: int) -> tuple[int | None, int | None]:
+    """(exit, signal) of an exited child, read without reaping it.
+
+    The child stays a zombie until the caller reaps it, so its pid (and the
+    process group id it leads) cannot be reused while leftovers are killed.
+    """
+    info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+    if info is None:  # not exited yet
+        raise ChildProcessError("the child has not exited")
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status, None
+    return None, info.si_status
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
+    """Signal a process group; False when nothing of it is left."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False

@@ -1,0 +1,56 @@
+"""The subcommands. A command's module is imported only when it runs, and this
+is the one place where errors become exit codes."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .errors import LinkRunError
+
+# subcommand → (module, function, one line of help). Each function takes the
+# remaining argv and returns an exit code.
+COMMANDS = {
+    "serve": ("linkrun.server", "main", "the MCP server over stdio (what `up` execs)"),
+    "up": ("linkrun.up", "main", "start an agent's server the way Link does, on embedded defaults"),
+    "sandbox": ("linkrun.sandbox", "main", "build the bubblewrap argv from a sandbox file, and run or print it"),
+    "doctor": ("linkrun.doctor", "main", "check that the sandbox can run here, and say what to fix"),
+    "supervise": ("linkrun.supervise", "main", "(internal) the detached supervisor of one background command"),
+    "sweep": ("linkrun.sweep", "main_sweep", "recover background commands after a crash, tell, clean up"),
+    "stop": ("linkrun.sweep", "main_stop", "stop an agent's background commands (the agent stopping)"),
+    "remove": ("linkrun.sweep", "main_remove", "stop and remove an agent's background commands and state"),
+    "way-in": ("linkrun.wayin", "main_listen", "a stand-in way in that checks and prints told messages"),
+    "proxy": ("linkrun.proxy", "main", "(internal) the agent's internet proxy"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: lnk-link-run <command> [flags]", ""]
+    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"lnk-link-run: unknown command {name!r}\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, function, _ = COMMANDS[name]
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            print(f"lnk-link-run {name}: not built yet in this version", file=sys.stderr)
+            return 2
+        return getattr(module, function)(rest) or 0
+    except LinkRunError as error:
+        print(f"lnk-link-run {name}: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,254 @@
+"""Flags → frozen settings. Parses and checks; does nothing else.
+
+serve has no number or grant of its own: every value comes from its command
+line (the product's defaults live in `up`), and a missing or bad one is named
+in one line (UsageError, exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+_DURATION = re.compile(r"^(\d+)([smhd]?)$")
+_SIZE = re.compile(r"^(\d+)([KMG]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+AGENT_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def parse_duration(flag: str, text: str) -> int:
+    """`90`, `90s`, `2m`, `1h`, `1d` → seconds (above 0)."""
+    match = _DURATION.match(text)
+    if not match or int(match.group(1)) == 0:
+        raise UsageError(f"{flag} {text!r} is not a duration", "write it as 90, 90s, 2m, 1h or 1d")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_size(flag: str, text: str) -> int:
+    """`16384`, `16K`, `16M` (K = 1024) → bytes (above 0)."""
+    match = _SIZE.match(text)
+    if not match or int(match.group(1)) == 0:
+        raise UsageError(f"{flag} {text!r} is not a size", "write it as 16384, 16K or 16M (K = 1024)")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def parse_count(flag: str, text: str, minimum: int = 0) -> int:
+    if not re.fullmatch(r"\d+", text) or int(text) < minimum:
+        raise UsageError(f"{flag} {text!r} is not a whole number of at least {minimum}")
+    return int(text)
+
+
+def format_duration(seconds: float) -> str:
+    """The inverse of parse_duration, for texts: 120 → "2m", 90 → "90s"."""
+    if seconds == int(seconds):
+        whole = int(seconds)
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if whole and whole % size == 0:
+                return f"{whole // size}{unit}"
+        return f"{whole}s"
+    return f"{seconds:.1f}s"
+
+
+def check_relative_folder(flag: str, text: str) -> str:
+    """A folder of the files folder: relative, no `.`, `..` or empty component."""
+    parts = text.split("/")
+    if text.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in text:
+        raise UsageError(
+            f"{flag} {text!r} is not a folder of the files folder",
+            "give a relative path with no '.', '..' or empty component, such as work or data/out",
+        )
+    return text
+
+
+def check_way_in(text: str) -> str:
+    if text.startswith("unix:") and len(text) > len("unix:"):
+        return text
+    if re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}(/[^\s]*)?", text):
+        return text
+    raise UsageError(
+        f"--way-in {text!r} is not an address",
+        "give http://127.0.0.1:<port>/<path> or unix:<socket path>",
+    )
+
+
+@dataclass(frozen=True)
+class Background:
+    """The background commands' settings: all required once --state is given."""
+
+    state: str
+    way_in: str | None  # None with --no-way-in
+    agent: str | None  # --as
+    keyring: str | None
+    running: int  # --background: how many run at once; 0 turns them off
+    timeout: int
+    output: int
+    keep: int
+    per_day: int
+    hops: int
+
+
+@dataclass(frozen=True)
+class Serve:
+    files: str
+    programs_path: str
+    timeout: int
+    output: int
+    programs: tuple[str, ...]
+    variables: tuple[tuple[str, str], ...]
+    write: tuple[str, ...]
+    proxy: bool
+    background: Background | None
+    sandbox: tuple[str, ...]
+
+    @property
+    def offers_background(self) -> bool:
+        return self.background is not None and self.background.running > 0
+
+
+_SERVE_VALUED = {
+    "--files", "--programs-path", "--timeout", "--output", "--program", "--var", "--write",
+    "--state", "--way-in", "--as", "--keyring", "--background", "--background-timeout",
+    "--background-output", "--background-keep", "--background-per-day", "--hops",
+}
+_SERVE_SWITCHES = {"--proxy", "--no-way-in"}
+_REPEATABLE = {"--program", "--var", "--write"}
+_BACKGROUND_REQUIRED = (
+    "--background", "--background-timeout", "--background-output", "--background-keep",
+    "--background-per-day", "--hops",
+)
+
+SERVE_USAGE = (
+    "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
+    "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... "
+    "[--proxy] [--state <dir> (--way-in <address> --as <agent id> [--keyring <dir>] | "
+    "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
+    "--background-keep <duration> --background-per-day <n> --hops <n>] -- <sandbox>..."
+)
+
+
+def split_flags(argv: list[str], valued: set[str], switches: set[str], repeatable: set[str]):
+    """argv → ({flag: value or [values] or True}, rest after `--` or None).
+
+    Hand-rolled rather than argparse so that every error is one line naming the
+    flag, and `--` splits exactly once (the sandbox argv has flags of its own).
+    """
+    flags: dict[str, object] = {}
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            return flags, argv[index + 1:]
+        name, eq, inline = arg.partition("=")
+        if name in switches and not eq:
+            flags[name] = True
+            index += 1
+            continue
+        if name not in valued:
+            raise UsageError(f"unknown flag {arg!r}", "see --help")
+        if eq:
+            value = inline
+            index += 1
+        elif index + 1 < len(argv):
+            value = argv[index + 1]
+            index += 2
+        else:
+            raise UsageError(f"{name} needs a value")
+        if name in repeatable:
+            flags.setdefault(name, []).append(value)  # type: ignore[union-attr]
+        elif name in flags:
+            raise UsageError(f"{name} is given twice", "give it once")
+        else:
+            flags[name] = value
+    return flags, None
+
+
+def parse_serve(argv: list[str]) -> Serve:
+    flags, sandbox = split_flags(argv, _SERVE_VALUED, _SERVE_SWITCHES, _REPEATABLE)
+    for required in ("--files", "--programs-path", "--timeout", "--output"):
+        if required not in flags:
+            raise UsageError(f"{required} is required", f"usage: {SERVE_USAGE}")
+    if not sandbox:
+        raise UsageError(
+            "no sandbox after --: serve never runs a program unsandboxed",
+            "end the command line with -- and the sandbox command, such as: -- bwrap ... "
+            "(lnk-link-run up builds it)",
+        )
+    files = os.path.abspath(str(flags["--files"]))
+    if not os.path.isdir(files):
+        raise UsageError(f"--files {files!r} is not a folder", "create it or give another")
+
+    programs = tuple(flags.get("--program", []))  # type: ignore[arg-type]
+    for program in programs:
+        if program != "*" and ("/" in program and not program.startswith("/")):
+            raise UsageError(f"--program {program!r} is neither a bare name, an absolute path nor *")
+        if not program or any(c in program for c in "=\0\n"):
+            raise UsageError(f"--program {program!r} holds '=', a NUL or a newline, or is empty")
+
+    variables = []
+    for item in flags.get("--var", []):  # type: ignore[union-attr]
+        name, eq, value = item.partition("=")
+        if not eq or not VAR_NAME.match(name) or "\0" in value:
+            raise UsageError(f"--var {item!r} is not NAME=VALUE", "NAME is letters, digits and _")
+        variables.append((name, value))
+
+    write = tuple(check_relative_folder("--write", w) for w in flags.get("--write", []))  # type: ignore[union-attr]
+
+    return Serve(
+        files=files,
+        programs_path=str(flags["--programs-path"]),
+        timeout=parse_duration("--timeout", str(flags["--timeout"])),
+        output=parse_size("--output", str(flags["--output"])),
+        programs=programs,
+        variables=tuple(variables),
+        write=write,
+        proxy=bool(flags.get("--proxy")),
+        background=_parse_background(flags),
+        sandbox=tuple(sandbox),
+    )
+
+
+def _parse_background(flags: dict) -> Background | None:
+    background_flags = [f for f in _BACKGROUND_REQUIRED + ("--way-in", "--as", "--keyring", "--no-way-in") if f in flags]
+    if "--state" not in flags:
+        if background_flags:
+            raise UsageError(f"{background_flags[0]} needs --state", "give --state <dir> or drop it")
+        return None
+    for required in _BACKGROUND_REQUIRED:
+        if required not in flags:
+            raise UsageError(f"{required} is required with --state")
+    no_way_in = bool(flags.get("--no-way-in"))
+    way_in = flags.get("--way-in")
+    if no_way_in and (way_in or "--as" in flags or "--keyring" in flags):
+        raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")
+    if not no_way_in and not way_in:
+        raise UsageError(
+            "--state needs --way-in <address> --as <agent id>, or --no-way-in",
+            "background commands tell their end through the way in",
+        )
+    agent = keyring = None
+    if way_in:
+        check_way_in(str(way_in))
+        if "--as" not in flags:
+            raise UsageError("--way-in needs --as <agent id>")
+        agent = str(flags["--as"])
+        if not AGENT_ID.match(agent):
+            raise UsageError(f"--as {agent!r} is not an agent id", "use letters, digits, '.', '_' and '-'")
+        keyring = str(flags.get("--keyring") or os.environ.get("LINK_KEYRING") or os.path.expanduser("~/.link/keyring"))
+        keyring = os.path.abspath(keyring)
+    return Background(
+        state=os.path.abspath(str(flags["--state"])),
+        way_in=str(way_in) if way_in else None,
+        agent=agent,
+        keyring=keyring,
+        running=parse_count("--background", str(flags["--background"])),
+        timeout=parse_duration("--background-timeout", str(flags["--background-timeout"])),
+        output=parse_size("--background-output", str(flags["--background-output"])),
+        keep=parse_duration("--background-keep", str(flags["--background-keep"])),
+        per_day=parse_count("--background-per-day", str(flags["--background-per-day"])),
+        hops=parse_count("--hops", str(flags["--hops"])),
+    )

@@ -1,0 +1,75 @@
+"""Which programs a call may run, and where each one is on the host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+from .errors import Refused
+
+
+class Programs:
+    """The allowlist of `--program`: bare names found on the programs path,
+    absolute paths, or `*` for any of either."""
+
+    def __init__(self, allowed: tuple[str, ...], search_path: str):
+        self.any = "*" in allowed
+        self.names = tuple(p for p in allowed if p != "*" and not p.startswith("/"))
+        self.paths = tuple(p for p in allowed if p.startswith("/"))
+        self.search_path = search_path
+
+    def offered(self) -> list[str]:
+        """What this machine has of the allowlist, for the instructions."""
+        found = [name for name in self.names if self._which(name)]
+        found += [path for path in self.paths if _executable(path)]
+        return found
+
+    def resolve(self, program: str) -> str:
+        """The absolute host path the call runs, or Refused saying what is allowed."""
+        if not program or any(c in program for c in "=\0\n"):
+            raise Refused(
+                f"program {program!r} is not a program name",
+                "a program holds no '=', NUL or newline; give a bare name such as python3, "
+                "or an absolute path",
+            )
+        if "/" in program and not program.startswith("/"):
+            raise Refused(
+                f"program {program!r} is neither a bare name nor an absolute path",
+                "give a bare name found on the PATH (such as sh), or an absolute path; to run a "
+                "script of the files folder, pass it to its interpreter, such as sh x.sh",
+            )
+        if program.startswith("/"):
+            if program != os.path.normpath(program):
+                raise Refused(f"program {program!r} is not a plain absolute path", "give it without '.' or '..'")
+            if not _executable(program):
+                raise Refused(f"program {program} is not found or not executable", self.allowed_text())
+            if self.any or program in self.paths or any(self._which(n) == program for n in self.names):
+                return program
+            raise Refused(f"program {program} is not allowed", self.allowed_text())
+        if not (self.any or program in self.names):
+            raise Refused(f"program {program!r} is not allowed", self.allowed_text())
+        path = self._which(program)
+        if path is None:
+            raise Refused(f"program {program!r} is not found on this computer", self.allowed_text())
+        return path
+
+    def allowed_text(self) -> str:
+        if self.any:
+            return "any program on the PATH, or any absolute path to an executable file, may run"
+        offered = self.offered()
+        if not offered:
+            return "no program may run here"
+        return "allowed: " + ", ".join(offered)
+
+    def _which(self, name: str) -> str | None:
+        path = shutil.which(name, path=self.search_path)
+        return os.path.abspath(path) if path else None
+
+
+def _executable(path: str) -> bool:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) and os.access(path, os.X_OK)

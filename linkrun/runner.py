@@ -1,0 +1,269 @@
+"""One synchronous call: request → child → captured output → outcome.
+
+The thread that spawns the child is the one that waits for it (bubblewrap's
+--die-with-parent is bound to the spawning thread). The child runs in a
+process group of its own; at its timeout, or when the call is cancelled, the
+group gets SIGKILL. Once the program exits, what it left in its group is
+killed a second later; the answer waits for that second only when a leftover
+still holds the output pipes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import subprocess
+import threading
+from dataclasses import dataclass, field
+
+from .capture import Capture
+from .child import SLICE, boottime, exit_status, kill_group
+from .errors import Refused
+
+CHUNK = 1 << 20
+PIPE_SIZE = 1 << 20
+LEFTOVER_GRACE = 1.0
+PROGRESS_EVERY = 0.25
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked call: everything is resolved before anything runs."""
+
+    program: str  # absolute host path
+    args: tuple[str, ...]
+    input: bytes | None
+    folder: str  # relative to the files folder; "" is the files folder
+    timeout: float
+
+
+@dataclass
+class Outcome:
+    exit: int | None
+    signal: int | None
+    timed_out: bool
+    seconds: float
+    output: Capture
+    errors: Capture
+    cancelled: bool = False
+
+    def __repr__(self) -> str:
+        how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
+        return f"<Outcome {how} {self.seconds:.3f}s out={self.output.total} err={self.errors.total}{' timed out' if self.timed_out else ''}>"
+
+
+@dataclass
+class Cancel:
+    """Set by the server when the client cancels; the runner registers its kill."""
+
+    cancelled: bool = False
+    _hook: object = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cancel(self):
+        with self._lock:
+            self.cancelled = True
+            hook = self._hook
+        if hook:
+            hook()
+
+    def on_cancel(self, hook):
+        with self._lock:
+            self._hook = hook
+            cancelled = self.cancelled
+        if cancelled:
+            hook()
+
+
+# Groups whose leader exited and that are killed a second later, so that
+# shutdown can kill them at once instead.
+_leftovers: dict[int, tuple[threading.Timer, subprocess.Popen]] = {}
+_leftovers_lock = threading.Lock()
+
+
+def kill_leftovers_now():
+    with _leftovers_lock:
+        pending = list(_leftovers.items())
+        _leftovers.clear()
+    for pgid, (timer, process) in pending:
+        timer.cancel()
+        kill_group(pgid)
+        process.wait()
+
+
+def open_folder(files_fd: int, folder: str) -> int:
+    """Open `folder` below `files_fd` one component at a time, following no link."""
+    fd = os.dup(files_fd)
+    try:
+        for part in folder.split("/"):
+            if part in ("", "."):
+                continue
+            try:
+                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as error:
+                raise _folder_refusal(fd, folder, part, error) from None
+            os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _folder_refusal(parent_fd: int, folder: str, part: str, error: OSError) -> Refused:
+    hint = "give a folder of the files folder, such as work or work/project"
+    if error.errno == errno.ENOENT:
+        return Refused(f"folder {folder!r}: {part!r} does not exist", hint)
+    try:
+        is_link = os.path.islink(f"/proc/self/fd/{parent_fd}/{part}")
+    except OSError:
+        is_link = False
+    if is_link:
+        return Refused(f"folder {folder!r}: {part!r} is a link, and a call never enters a folder through a link",
+                       "give the folder's own path")
+    if error.errno in (errno.ENOTDIR, errno.ELOOP):
+        return Refused(f"folder {folder!r}: {part!r} is not a folder", hint)
+    return Refused(f"folder {folder!r} cannot be opened: {error.strerror}", hint)
+
+
+def run(request: Request, argv: list[str], cwd_fd: int, pass_fds: tuple[int, ...],
+        cancel: Cancel, output_limit: int, progress=None) -> Outcome:
+    """Run `argv` (the sandbox and the program) in `cwd_fd`, and capture it.
+
+    `progress(bytes_so_far)` is called at most every PROGRESS_EVERY seconds
+    while output grows, never after this returns.
+    """
+    started = boottime()
+    deadline = started + request.timeout
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=f"/proc/self/fd/{cwd_fd}",
+        process_group=0,
+        pass_fds=pass_fds,
+    )
+    pgid = process.pid
+    pidfd = os.pidfd_open(process.pid)
+    cancel.on_cancel(lambda: kill_group(pgid))
+    output, errors = Capture(output_limit), Capture(output_limit)
+    try:
+        state = _pump(process, pidfd, output, errors, request.input, deadline, cancel, progress)
+    except BaseException:
+        kill_group(pgid)
+        process.wait()
+        raise
+    finally:
+        os.close(pidfd)
+    exit_code, signal_number, group_killed, timed_out = state
+    seconds = boottime() - started
+    if group_killed:
+        process.wait()
+    else:
+        _kill_later(pgid, process)
+    return Outcome(exit_code, signal_number, timed_out, round(seconds, 3), output, errors, cancel.cancelled)
+
+
+def _kill_later(pgid: int, process: subprocess.Popen):
+    def kill():
+        with _leftovers_lock:
+            if _leftovers.pop(pgid, None) is None:
+                return
+        kill_group(pgid)
+        process.wait()  # reaped only now, so the group id stayed ours
+
+    timer = threading.Timer(LEFTOVER_GRACE, kill)
+    timer.daemon = True
+    with _leftovers_lock:
+        _leftovers[pgid] = (timer, process)
+    timer.start()
+
+
+def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
+    """The call's loop: output, input, the child's exit, the deadline.
+
+    Returns (exit, signal, group_killed, timed_out).
+    """
+    streams = {process.stdout.fileno(): output, process.stderr.fileno(): errors}
+    for fd in streams:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass  # a smaller pipe only costs more wake-ups
+    poller = select.poll()
+    for fd in streams:
+        poller.register(fd, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    stdin_fd = None
+    pending = memoryview(b"")
+    if data:
+        stdin_fd = process.stdin.fileno()
+        os.set_blocking(stdin_fd, False)
+        pending = memoryview(data)
+        poller.register(stdin_fd, select.POLLOUT)
+
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    exit_code = signal_number = None
+    exited_at = None
+    group_killed = timed_out = False
+    last_progress = boottime()
+    reported = 0
+    while streams or exited_at is None:
+        now = boottime()
+        if exited_at is None and not group_killed and now >= deadline:
+            kill_group(process.pid)
+            group_killed = timed_out = True
+        if exited_at is not None and not group_killed and now - exited_at >= LEFTOVER_GRACE:
+            kill_group(process.pid)  # a leftover still holds the pipes
+            group_killed = True
+        if cancel.cancelled:
+            group_killed = True  # the cancel hook killed it
+        if exited_at is not None and group_killed and streams and now - exited_at >= LEFTOVER_GRACE + SLICE:
+            break  # something outside the group holds the pipes: stop reading
+        wake = min(deadline - now, SLICE) if not group_killed else SLICE
+        if exited_at is not None and not group_killed:
+            wake = min(wake, exited_at + LEFTOVER_GRACE - now)
+        if progress is not None:
+            wake = min(wake, PROGRESS_EVERY)
+        for fd, _event in poller.poll(max(0, wake) * 1000):
+            if fd == pidfd:
+                poller.unregister(pidfd)
+                exit_code, signal_number = exit_status(pidfd)
+                exited_at = boottime()
+            elif fd == stdin_fd:
+                try:
+                    written = os.write(stdin_fd, pending[:CHUNK])
+                    pending = pending[written:]
+                except BlockingIOError:
+                    continue
+                except OSError:  # the program closed its input: the rest is not wanted
+                    pending = memoryview(b"")
+                if not pending:
+                    poller.unregister(stdin_fd)
+                    process.stdin.close()
+                    stdin_fd = None
+            elif fd in streams:
+                count = os.readv(fd, [view])
+                if count:
+                    streams[fd].feed(view[:count])
+                else:
+                    poller.unregister(fd)
+                    del streams[fd]
+        if progress is not None and boottime() - last_progress >= PROGRESS_EVERY:
+            total = output.total + errors.total
+            if total != reported:
+                progress(total)
+                reported = total
+            last_progress = boottime()
+    if stdin_fd is not None:
+        process.stdin.close()
+    for fd in list(streams):
+        del streams[fd]
+    process.stdout.close()
+    process.stderr.close()
+    return exit_code, signal_number, group_killed, timed_out
+

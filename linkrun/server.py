@@ -1,0 +1,364 @@
+"""The MCP session: lifecycle, dispatch to threads, cancellation, progress.
+
+Both eras of the protocol: the handshake (`initialize`, versions 2024-11-05
+to 2025-11-25) and the stateless 2026-07-28, where every request carries its
+version and capabilities in `_meta` and `server/discover` replaces the
+handshake. The reader (the main thread) answers quick requests itself and
+hands each `tools/call` to a thread of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import orjson
+
+from . import __version__, runner
+from .config import parse_serve
+from .protocol import (
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
+    UNSUPPORTED_VERSION, Channel, error, result,
+)
+from .tools import CallContext, Tools, ToolResult
+
+LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+MODERN_VERSIONS = ("2026-07-28",)
+LATEST_LEGACY = LEGACY_VERSIONS[-1]
+VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+SERVER_INFO = {"name": "lnk-link-run", "version": __version__}
+# In-flight calls get this long to answer after stdin closes (clients wait 2 s).
+EOF_GRACE = 1.5
+KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
+
+
+class _Stop(Exception):
+    """Raised by the signal handler to leave a blocking read of stdin."""
+
+
+def _key(request_id):
+    # 1 and "1" are different requests.
+    return (type(request_id).__name__, request_id)
+
+
+class Call:
+    """A request in flight: its cancel switch and whether it may still speak."""
+
+    def __init__(self, request_id, progress_token):
+        self.id = request_id
+        self.cancel = runner.Cancel()
+        self.progress_token = progress_token
+        self.done = False
+        self.lock = threading.Lock()
+
+
+class Session:
+    def __init__(self, tools: Tools, channel: Channel):
+        self.tools = tools
+        self.channel = channel
+        self.legacy_version: str | None = None  # set by initialize
+        self.calls: dict[tuple, Call] = {}
+        self.calls_lock = threading.Lock()
+        self.threads: set[threading.Thread] = set()
+        self.instructions = tools.instructions()
+
+    # -- the read loop ----------------------------------------------------
+
+    def run(self) -> int:
+        def stop(signum, frame):
+            raise _Stop()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+        grace = EOF_GRACE
+        try:
+            for line in self.channel.lines():
+                if line is None:
+                    self.channel.send(error(None, INVALID_REQUEST, "the message is over 64 MB; send smaller messages"))
+                    continue
+                self.handle_line(line)
+                if self.channel.closed:
+                    break
+        except _Stop:
+            grace = 0.0
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        self.shutdown(grace)
+        return 0
+
+    def shutdown(self, grace: float):
+        """Stop reading; let calls in flight answer within `grace`, then kill them."""
+        deadline = time.monotonic() + grace
+        for thread in list(self.threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.channel.close()
+        with self.calls_lock:
+            calls = list(self.calls.values())
+        for call in calls:
+            call.cancel.cancel()
+        runner.kill_leftovers_now()
+
+    def handle_line(self, line: bytes):
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError as problem:
+            self.channel.send(error(None, PARSE_ERROR, f"the line is not JSON ({problem}); send one JSON-RPC message a line"))
+            return
+        if isinstance(message, list):
+            self._batch(message)
+            return
+        response = self.handle(message)
+        if response is not None:
+            self.channel.send(response)
+
+    def _batch(self, messages: list):
+        if self.legacy_version != "2025-03-26" or not messages:
+            self.channel.send(error(None, INVALID_REQUEST, "a batch is not accepted at this protocol version; send one message a line"))
+            return
+
+        def answer_all():
+            responses = []
+            for message in messages:
+                response = self.handle(message, inline=True)
+                if response is not None:
+                    responses.append(response)
+            if responses:
+                self.channel.send(responses)
+
+        self._start_thread(answer_all)
+
+    # -- one message ------------------------------------------------------
+
+    def handle(self, message, inline: bool = False) -> dict | None:
+        """The response to one message, or None (a notification, or answered by a thread)."""
+        if not isinstance(message, dict):
+            return error(None, INVALID_REQUEST, "a message must be a JSON object")
+        has_id = "id" in message
+        request_id = message.get("id")
+        id_ok = isinstance(request_id, (str, int)) and not isinstance(request_id, bool)
+        if message.get("jsonrpc") != "2.0":
+            return error(request_id if id_ok else None, INVALID_REQUEST, 'the message lacks "jsonrpc": "2.0"')
+        method = message.get("method")
+        if method is None:
+            if "result" in message or "error" in message:
+                return None  # a response from the client: we send no requests, so nothing waits for it
+            return error(request_id if id_ok else None, INVALID_REQUEST, "the message has no method")
+        if not isinstance(method, str):
+            return error(request_id if id_ok else None, INVALID_REQUEST, "the method must be a string")
+        params = message.get("params", {})
+        if not has_id:
+            if isinstance(params, dict):
+                self._notification(method, params)
+            return None
+        if not id_ok:
+            return error(None, INVALID_REQUEST, "the id must be a string or an integer")
+        if not isinstance(params, dict):
+            return error(request_id, INVALID_PARAMS, "params must be an object")
+        try:
+            return self._request(request_id, method, params, inline)
+        except Exception as problem:  # a bug of ours: say so, keep serving
+            print(f"lnk-link-run serve: internal error on {method}: {problem!r}", file=sys.stderr)
+            return error(request_id, INTERNAL_ERROR, f"internal error: {problem}")
+
+    def _notification(self, method: str, params: dict):
+        if method == "notifications/cancelled":
+            request_id = params.get("requestId")
+            if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
+                with self.calls_lock:
+                    call = self.calls.get(_key(request_id))
+                if call is not None:
+                    with call.lock:
+                        call.done = True  # no answer, no more progress
+                    call.cancel.cancel()
+                    with self.calls_lock:
+                        self.calls.pop(_key(request_id), None)
+        # Every other notification (initialized, roots changed, unknown ones) needs nothing.
+
+    def _request(self, request_id, method: str, params: dict, inline: bool) -> dict | None:
+        meta = params.get("_meta")
+        meta = meta if isinstance(meta, dict) else {}
+        if method not in KNOWN_METHODS:
+            return error(request_id, METHOD_NOT_FOUND, f"unknown method {method!r}; this server offers tools only")
+        if method == "initialize":
+            return result(request_id, self._initialize(params))
+        modern = VERSION_KEY in meta
+        if modern:
+            version = meta[VERSION_KEY]
+            if version not in MODERN_VERSIONS:
+                return error(request_id, UNSUPPORTED_VERSION, f"protocol version {version!r} is not supported",
+                             {"supported": list(MODERN_VERSIONS + LEGACY_VERSIONS[::-1]), "requested": version})
+            if not isinstance(meta.get(CAPABILITIES_KEY), dict):
+                return error(request_id, INVALID_PARAMS, f"_meta lacks {CAPABILITIES_KEY}")
+        elif method == "ping":
+            return result(request_id, {})
+        elif self.legacy_version is None or method in ("server/discover", "subscriptions/listen"):
+            return error(request_id, INVALID_PARAMS,
+                         f"{method} needs initialize first, or the 2026-07-28 _meta envelope "
+                         f"({VERSION_KEY} and {CAPABILITIES_KEY})")
+        version = meta[VERSION_KEY] if modern else self.legacy_version
+
+        if method == "ping":
+            value: dict | None = {}
+        elif method == "server/discover":
+            value = {
+                "supportedVersions": list(MODERN_VERSIONS + LEGACY_VERSIONS[::-1]),
+                "capabilities": {"tools": {}},
+                "serverInfo": SERVER_INFO,
+                "instructions": self.instructions,
+                "ttlMs": 0,
+                "cacheScope": "private",
+            }
+        elif method == "tools/list":
+            if "cursor" in params:
+                return error(request_id, INVALID_PARAMS, "unknown cursor: this server lists every tool in one page")
+            value = {"tools": self.tools.listing(version)}
+            if modern:
+                value.update(ttlMs=0, cacheScope="private")
+        elif method == "subscriptions/listen":
+            return self._listen(request_id, params)
+        else:  # tools/call
+            return self._call(request_id, params, version, modern, inline)
+        return result(request_id, self._complete(value, modern))
+
+    def _complete(self, value: dict, modern: bool) -> dict:
+        if modern:
+            value["resultType"] = "complete"
+            value.setdefault("_meta", {})[SERVER_INFO_KEY] = SERVER_INFO
+        return value
+
+    def _initialize(self, params: dict) -> dict:
+        asked = params.get("protocolVersion")
+        version = asked if asked in LEGACY_VERSIONS else LATEST_LEGACY
+        self.legacy_version = version
+        info = dict(SERVER_INFO)
+        if version >= "2025-06-18":
+            info["title"] = "Link Run"
+        if version >= "2025-11-25":
+            info["description"] = "Runs an agent's programs, each call in a sandbox of its own."
+        return {
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": info,
+            "instructions": self.instructions,
+        }
+
+    def _listen(self, request_id, params: dict):
+        # The tool list never changes: acknowledge with no notifications and
+        # hold the request open until it is cancelled or stdin closes.
+        call = Call(request_id, None)
+        with self.calls_lock:
+            self.calls[_key(request_id)] = call
+        self.channel.send({
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {"notifications": {}, "_meta": {"io.modelcontextprotocol/subscriptionId": request_id}},
+        })
+        return None
+
+    # -- tools/call ---------------------------------------------------------
+
+    def _call(self, request_id, params: dict, version: str, modern: bool, inline: bool):
+        name = params.get("name")
+        if not isinstance(name, str):
+            return error(request_id, INVALID_PARAMS, "tools/call needs a string name")
+        arguments = params.get("arguments", {})
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            return error(request_id, INVALID_PARAMS, "tools/call arguments must be an object")
+        if name not in self.tools.table:
+            offered = ", ".join(self.tools.table) or "none"
+            return error(request_id, INVALID_PARAMS, f"Unknown tool: {name} (tools: {offered})")
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        token = meta.get("progressToken")
+        if isinstance(token, bool) or not isinstance(token, (str, int)):
+            token = None
+        call = Call(request_id, token)
+        key = _key(request_id)
+        with self.calls_lock:
+            if key in self.calls:
+                return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
+            self.calls[key] = call
+
+        def work():
+            try:
+                context = CallContext(meta, call.cancel, self._progress_sender(call) if token is not None else None)
+                try:
+                    outcome = self.tools.call(name, arguments, context)
+                except Exception as problem:
+                    print(f"lnk-link-run serve: {name} failed: {problem!r}", file=sys.stderr)
+                    outcome = ToolResult(f"The call failed inside the server: {problem}. Try again; "
+                                         "if it keeps failing, the server's log (stderr) says more.", is_error=True)
+                with call.lock:
+                    if call.done or outcome is None:
+                        return None  # cancelled: no answer
+                    call.done = True
+                return result(request_id, self._complete(_tool_result(outcome, version), modern))
+            finally:
+                with self.calls_lock:
+                    if self.calls.get(key) is call:
+                        del self.calls[key]
+
+        if inline:
+            return work()
+
+        def answer():
+            response = work()
+            if response is not None:
+                self.channel.send(response)
+
+        self._start_thread(answer)
+        return None
+
+    def _progress_sender(self, call: Call):
+        def send(total_bytes: int):
+            with call.lock:  # under the call's lock, so none can follow its answer
+                if call.done:
+                    return
+                self.channel.send({
+                    "jsonrpc": "2.0",
+                    "method": "notifications/progress",
+                    "params": {"progressToken": call.progress_token, "progress": total_bytes,
+                               "message": f"{total_bytes} bytes of output so far"},
+                })
+        return send
+
+    def _start_thread(self, target):
+        def run():
+            try:
+                target()
+            finally:
+                self.threads.discard(thread)
+
+        thread = threading.Thread(target=run, daemon=True)
+        self.threads.add(thread)
+        thread.start()
+
+
+def _tool_result(outcome: ToolResult, version: str) -> dict:
+    value: dict = {"content": [{"type": "text", "text": outcome.text}]}
+    if outcome.is_error:
+        value["isError"] = True
+    elif outcome.structured is not None and version >= "2025-06-18":
+        value["structuredContent"] = outcome.structured
+    return value
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        from .config import SERVE_USAGE
+        print(f"usage: {SERVE_USAGE}")
+        return 0
+    settings = parse_serve(argv)
+    # Clients pass almost no environment (no LANG): our streams are bytes, and
+    # texts we print on stderr must not depend on the locale.
+    sys.stderr.reconfigure(encoding="utf-8", errors="replace")
+    session = Session(Tools(settings), Channel())
+    code = session.run()
+    sys.stderr.flush()
+    os._exit(code)  # daemon threads may still hold a killed call; do not wait for them

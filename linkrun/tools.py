@@ -1,0 +1,274 @@
+"""The tool table: names, schemas, arguments → requests, outcomes → content.
+
+A tool call arrives here as (name, arguments, context); what leaves is a
+ToolResult whose text is for the agent and whose structured value is for
+programs. Refusals (Refused) become tool errors that say what was wrong and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from . import runner
+from .capture import Capture
+from .child import signal_name
+from .config import Serve, format_duration
+from .errors import Refused
+from .programs import Programs
+
+
+@dataclass
+class ToolResult:
+    text: str
+    structured: dict | None = None
+    is_error: bool = False
+
+
+@dataclass
+class CallContext:
+    """What the server knows of a call beyond its arguments."""
+
+    meta: dict
+    cancel: runner.Cancel
+    progress: object = None  # callable(bytes_so_far) or None
+
+
+def _describe_size(size: int) -> str:
+    for unit, scale in (("M", 1024**2), ("K", 1024)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size} bytes"
+
+
+_RUN_PROPERTIES = {
+    "program": {
+        "type": "string",
+        "description": "The program: a bare name found on the PATH (such as python3) or an absolute path. No shell: for a pipeline, run sh with -c.",
+    },
+    "args": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "Its arguments, passed as they are (no shell quoting needed).",
+    },
+    "input": {
+        "type": "string",
+        "description": "Text for its standard input; without it, the input is empty.",
+    },
+    "folder": {
+        "type": "string",
+        "description": "The folder to run in, relative to the files folder (default: the files folder itself).",
+    },
+}
+
+_COMMAND_OUTPUT = {
+    "type": "object",
+    "properties": {
+        "exit": {"type": ["integer", "null"], "description": "Exit status, or null when a signal ended it."},
+        "signal": {"type": ["string", "null"], "description": "The signal that ended it, such as SIGKILL, or null."},
+        "timed_out": {"type": "boolean"},
+        "output_bytes": {"type": "integer", "description": "All the bytes it wrote on its output, kept or not."},
+        "errors_bytes": {"type": "integer", "description": "All the bytes it wrote on its errors, kept or not."},
+        "seconds": {"type": "number"},
+    },
+    "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds"],
+}
+
+
+class Tools:
+    """The tools this server offers, built once from its settings."""
+
+    def __init__(self, settings: Serve):
+        self.settings = settings
+        self.programs = Programs(settings.programs, settings.programs_path)
+        self.offered = self.programs.offered()
+        self._files_fd = None
+        self.table: dict[str, dict] = {}
+        if settings.programs:
+            self.table["command"] = self._command_tool()
+
+    # -- listing ---------------------------------------------------------
+
+    def _command_tool(self) -> dict:
+        properties = dict(_RUN_PROPERTIES)
+        properties["timeout"] = {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": self.settings.timeout,
+            "description": f"Seconds before it is killed (at most {self.settings.timeout}, the default).",
+        }
+        return {
+            "name": "command",
+            "title": "Run a program",
+            "description": (
+                "Run one program in the files folder, in a sandbox of its own that ends with the call, "
+                "and answer how it ended and what it printed (the start and end of each stream)."
+            ),
+            "inputSchema": {
+                "type": "object",
+                "properties": properties,
+                "required": ["program"],
+                "additionalProperties": False,
+            },
+            "outputSchema": _COMMAND_OUTPUT,
+            "annotations": {
+                "title": "Run a program",
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": False,
+                "openWorldHint": self.settings.proxy,
+            },
+        }
+
+    def listing(self, version: str) -> list[dict]:
+        """The tools as a client at `version` may see them (fields by revision)."""
+        tools = []
+        for tool in self.table.values():
+            shown = {"name": tool["name"], "description": tool["description"], "inputSchema": tool["inputSchema"]}
+            if version >= "2025-03-26":
+                shown["annotations"] = tool["annotations"]
+            if version >= "2025-06-18":
+                shown["title"] = tool["title"]
+                shown["outputSchema"] = tool["outputSchema"]
+            tools.append(shown)
+        return tools
+
+    def instructions(self) -> str:
+        s = self.settings
+        if not s.programs or not (self.offered or self.programs.any):
+            return ("You may run nothing here: the sandbox file allows no program, so this server offers "
+                    "no tool that runs one.")
+        if self.programs.any:
+            may = "any program on the PATH, or any absolute path to an executable file,"
+        else:
+            may = ", ".join(self.offered)
+        lines = [
+            f"You may run {may} in its environment, with the command tool: one program and its "
+            "arguments as they are, no shell (a pipeline is sh -c '...' where sh is allowed; a script "
+            "of the files folder runs through its interpreter, such as sh x.sh).",
+            f"Each call runs in a sandbox of its own in the files folder ({s.files}) or a folder of it, "
+            "and nothing it starts outlives the call: each call starts afresh. Its ports are its own "
+            "sandbox's: start a server and its tests in one command (sh -c 'server & tests').",
+            f"A call runs for at most {format_duration(s.timeout)}; of its output and of its errors, "
+            f"{_describe_size(s.output)} each are kept, their start and their end.",
+        ]
+        if s.write:
+            lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
+                         "the rest is read-only, and chats/ and background/ are never writable.")
+        return "\n".join(lines)
+
+    # -- calling ---------------------------------------------------------
+
+    def call(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
+        """Run a tool; None when the call was cancelled (no answer is sent)."""
+        try:
+            if name == "command":
+                return self._command(arguments, context)
+            raise KeyError(name)
+        except Refused as refusal:
+            return ToolResult(f"Refused: {refusal}", is_error=True)
+
+    def _files_descriptor(self) -> int:
+        if self._files_fd is None:
+            self._files_fd = os.open(self.settings.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return self._files_fd
+
+    def check_run(self, arguments: dict, allowed: set[str]) -> runner.Request:
+        """The checks `command` and `start` share: arguments → a resolved Request."""
+        unknown = sorted(set(arguments) - allowed)
+        if unknown:
+            raise Refused(f"unknown argument {unknown[0]!r}", "the arguments are " + ", ".join(sorted(allowed)))
+        program = arguments.get("program")
+        if not isinstance(program, str):
+            raise Refused("program must be a string", "give a bare name such as python3, or an absolute path")
+        args = arguments.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise Refused("args must be an array of strings", 'such as ["-c", "print(1)"]')
+        if any("\0" in a for a in args):
+            raise Refused("an argument holds a NUL byte", "arguments are passed to the program as C strings")
+        text = arguments.get("input")
+        if text is not None and not isinstance(text, str):
+            raise Refused("input must be a string", "it is the text the program reads on its input")
+        folder = arguments.get("folder", "")
+        if not isinstance(folder, str):
+            raise Refused("folder must be a string", "give a folder of the files folder, such as work")
+        folder = _check_folder(folder)
+        timeout = arguments.get("timeout", self.settings.timeout)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= self.settings.timeout:
+            raise Refused(f"timeout must be a number of seconds above 0 and at most {self.settings.timeout}",
+                          "leave it out for the longest")
+        path = self.programs.resolve(program)
+        return runner.Request(path, tuple(args), text.encode() if text else None, folder, float(timeout))
+
+    def argv_for(self, request: runner.Request) -> list[str]:
+        argv = list(self.settings.sandbox) + ["--"]
+        if self.settings.variables:
+            argv += ["/usr/bin/env"] + [f"{name}={value}" for name, value in self.settings.variables]
+        return argv + [request.program, *request.args]
+
+    def _command(self, arguments: dict, context: CallContext) -> ToolResult | None:
+        request = self.check_run(arguments, set(_RUN_PROPERTIES) | {"timeout"})
+        folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
+        try:
+            outcome = runner.run(request, self.argv_for(request), folder_fd, (), context.cancel,
+                                 self.settings.output, context.progress)
+        finally:
+            os.close(folder_fd)
+        if outcome.cancelled:
+            return None
+        return ToolResult(self._command_text(request, outcome), _command_structured(outcome))
+
+    def _command_text(self, request: runner.Request, outcome: runner.Outcome) -> str:
+        lines = [_ending(outcome, request.timeout, "start" in self.table)]
+        lines += _stream_text("output", outcome.output)
+        lines += _stream_text("errors", outcome.errors)
+        return "\n".join(lines)
+
+
+def _check_folder(folder: str) -> str:
+    if folder.startswith("/"):
+        raise Refused(f"folder {folder!r} is absolute", "give a folder relative to the files folder, such as work")
+    if "\0" in folder:
+        raise Refused("folder holds a NUL byte", "give a folder relative to the files folder, such as work")
+    if ".." in folder.split("/"):
+        raise Refused(f"folder {folder!r} goes up with '..'", "give a folder inside the files folder, such as work")
+    return folder
+
+
+def _ending(outcome: runner.Outcome, timeout: float, can_start: bool) -> str:
+    seconds = f"{outcome.seconds:.2f} s"
+    if outcome.timed_out:
+        advice = "use start for long work" if can_start else "split the work into shorter calls"
+        return f"killed by SIGKILL: timed out after {format_duration(timeout)} ({seconds}); {advice}"
+    if outcome.signal is not None:
+        return f"killed by {signal_name(outcome.signal)} · {seconds}"
+    line = f"exit {outcome.exit} · {seconds}"
+    if outcome.exit is not None and 128 < outcome.exit < 128 + 65:
+        name = signal_name(outcome.exit - 128)
+        if name.startswith("SIG"):
+            line += f" (128+{outcome.exit - 128}: the program may have been killed by {name})"
+    return line
+
+
+def _stream_text(label: str, capture: Capture) -> list[str]:
+    if capture.total == 0:
+        return [f"{label}: none"]
+    head, tail = capture.texts()
+    lines = [f"{label} ({capture.total} bytes):", head]
+    if capture.left_out:
+        lines += [f"[… {capture.left_out} bytes left out …]", tail]
+    # One final newline is the stream's own ending, not a line of its own.
+    lines[-1] = lines[-1].removesuffix("\n")
+    return lines
+
+
+def _command_structured(outcome: runner.Outcome) -> dict:
+    return {
+        "exit": outcome.exit,
+        "signal": signal_name(outcome.signal) if outcome.signal is not None else None,
+        "timed_out": outcome.timed_out,
+        "output_bytes": outcome.output.total,
+        "errors_bytes": outcome.errors.total,
+        "seconds": outcome.seconds,
+    }

@@ -1,0 +1,239 @@
+"""Shared test helpers: real `lnk-link-run` processes, spoken to over real pipes.
+
+No mocks: a test starts the server as a user's client would and reads what it
+writes. Waits are for conditions with deadlines (`wait_*`), never sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+# What a user's client runs: the interpreter of our venv, isolated.
+SERVER = [PYTHON, "-I", "-m", "linkrun"]
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The pass-through sandbox of the tests: `env -- program args` runs the program as it is.
+PASS_THROUGH = ["/usr/bin/env"]
+LEGACY = "2025-11-25"
+MODERN = "2026-07-28"
+
+
+def have_sandbox() -> bool:
+    return shutil.which("bwrap") is not None
+
+
+def require_sandbox():
+    """Skip a test that needs bubblewrap, unless LNK_REQUIRE_SANDBOX=1 makes that a failure."""
+    if have_sandbox():
+        return
+    if os.environ.get("LNK_REQUIRE_SANDBOX") == "1":
+        pytest.fail("bubblewrap is missing and LNK_REQUIRE_SANDBOX=1: install bubblewrap")
+    pytest.skip("bubblewrap is missing (set LNK_REQUIRE_SANDBOX=1 to fail instead)")
+
+
+def serve_argv(files: Path, *extra: str, programs=("sh", "cat", "true", "sleep", "echo", "head", "python3", "env"),
+               timeout="2m", output="16K", sandbox=PASS_THROUGH) -> list[str]:
+    argv = SERVER + ["serve", "--files", str(files), "--programs-path", SYSTEM_PATH,
+                     "--timeout", timeout, "--output", output]
+    for program in programs:
+        argv += ["--program", program]
+    return argv + list(extra) + ["--"] + list(sandbox)
+
+
+class RawServer:
+    """A server process spoken to line by line, as a client does."""
+
+    def __init__(self, argv: list[str], env: dict | None = None):
+        self.argv = argv
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env if env is not None else clean_env(), cwd=str(REPO),
+        )
+        self.lines: queue.Queue = queue.Queue()
+        self.raw: list[bytes] = []
+        self.stderr = b""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._err_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._err_reader.start()
+        self._next_id = 1
+        self.pending: list[dict] = []
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.raw.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _read_stderr(self):
+        self.stderr = self.process.stderr.read()
+
+    def send_raw(self, data: bytes):
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def send(self, message):
+        self.send_raw(orjson.dumps(message) + b"\n")
+
+    def next_message(self, timeout=10.0):
+        line = self.lines.get(timeout=timeout)
+        if line is None:
+            raise EOFError("the server closed its stdout")
+        assert line.endswith(b"\n")
+        return orjson.loads(line)
+
+    def wait_response(self, request_id, timeout=10.0):
+        """The response with this id (same JSON type); other messages are kept in `pending`."""
+        for index, message in enumerate(self.pending):
+            if "method" not in message and _same_id(message.get("id"), request_id):
+                return self.pending.pop(index)
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.next_message(timeout=max(0.01, deadline - time.monotonic()))
+            if "method" not in message and _same_id(message.get("id"), request_id):
+                return message
+            self.pending.append(message)
+
+    def request(self, method, params=None, request_id=None, timeout=10.0):
+        if request_id is None:
+            request_id = self._next_id
+            self._next_id += 1
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        return self.wait_response(request_id, timeout=timeout)
+
+    def notify(self, method, params=None):
+        message = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+
+    def initialize(self, version=LEGACY):
+        response = self.request("initialize", {
+            "protocolVersion": version, "capabilities": {},
+            "clientInfo": {"name": "raw-test", "version": "0"},
+        })
+        self.notify("notifications/initialized")
+        return response["result"]
+
+    def call(self, name, arguments=None, meta=None, timeout=30.0, request_id=None):
+        params = {"name": name, "arguments": arguments or {}}
+        if meta:
+            params["_meta"] = meta
+        response = self.request("tools/call", params, timeout=timeout, request_id=request_id)
+        assert "result" in response, response
+        return response["result"]
+
+    def close(self, timeout=5.0) -> int:
+        if self.process.stdin and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self.kill()
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout=5)
+        self._err_reader.join(timeout=5)
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            try:
+                stream.close()
+            except (BrokenPipeError, OSError):
+                pass
+
+
+def _same_id(a, b) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def clean_env(**extra) -> dict:
+    """What an MCP client passes its server: a few variables, nothing of ours."""
+    env = {k: os.environ[k] for k in ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER") if k in os.environ}
+    env.update(extra)
+    return env
+
+
+def text_of(result: dict) -> str:
+    return "".join(block["text"] for block in result["content"] if block["type"] == "text")
+
+
+def wait_for(condition, timeout=10.0, interval=0.01, what="condition"):
+    """Poll a cheap condition until it holds; fail naming it at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    folder = tmp_path / "files"
+    (folder / "work").mkdir(parents=True)
+    return folder
+
+
+@pytest.fixture
+def servers():
+    """Start servers with `servers(argv)`; each is killed at the end of the test."""
+    started: list[RawServer] = []
+
+    def start(argv, env=None) -> RawServer:
+        server = RawServer(argv, env=env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture
+def server(servers, files):
+    """A legacy-initialized server over `files` with a pass-through sandbox."""
+    s = servers(serve_argv(files))
+    s.initialize()
+    return s
+
+
+def kill_quietly(pid: int, sig=signal.SIGKILL):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,317 @@
+"""The synchronous `command` tool, through a pass-through sandbox, with real
+programs that misbehave on purpose."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from conftest import SERVER, pid_alive, serve_argv, text_of, wait_for
+
+
+def run(server, **arguments):
+    return server.call("command", arguments)
+
+
+def test_a_program_runs_and_its_ending_and_streams_are_answered(server):
+    result = run(server, program="sh", args=["-c", "echo hello; echo oops >&2; exit 3"])
+    assert "isError" not in result
+    text = text_of(result)
+    assert text.startswith("exit 3 · ")
+    assert "output (6 bytes):\nhello" in text
+    assert "errors (5 bytes):\noops" in text
+    assert result["structuredContent"] | {"seconds": 0} == {
+        "exit": 3, "signal": None, "timed_out": False, "output_bytes": 6, "errors_bytes": 5, "seconds": 0,
+    }
+
+
+def test_args_are_passed_as_they_are_without_a_shell(server):
+    result = run(server, program="echo", args=["$HOME", "a b", "*", "'q'"])
+    assert "$HOME a b * 'q'" in text_of(result)
+
+
+def test_a_signal_ending_is_named(server):
+    result = run(server, program="sh", args=["-c", "kill -TERM $$"])
+    assert result["structuredContent"]["signal"] == "SIGTERM"
+    assert result["structuredContent"]["exit"] is None
+    assert text_of(result).startswith("killed by SIGTERM")
+
+
+def test_an_exit_above_128_names_the_signal_it_may_mean(server):
+    result = run(server, program="sh", args=["-c", "exit 137"])
+    assert "(128+9: the program may have been killed by SIGKILL)" in text_of(result)
+
+
+def test_the_timeout_kills_the_whole_group_even_a_program_that_ignores_term(server, files):
+    started = time.monotonic()
+    result = run(server, program="sh", timeout=0.5,
+                 args=["-c", "trap '' TERM; sleep 100 & echo $! > work/pid; wait"])
+    assert time.monotonic() - started < 3
+    assert result["structuredContent"]["timed_out"] is True
+    text = text_of(result)
+    assert text.startswith("killed by SIGKILL: timed out after 0.5s")
+    assert "split the work" in text  # no start offered here
+    grandchild = int((files / "work" / "pid").read_text())
+    wait_for(lambda: not pid_alive(grandchild), what="the timed-out group to be gone")
+
+
+def test_a_leftover_holding_the_pipes_is_killed_a_second_after_the_program_exits(server):
+    started = time.monotonic()
+    result = run(server, program="sh", args=["-c", "sleep 100 & echo $!"])
+    elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 3, elapsed
+    assert result["structuredContent"]["exit"] == 0
+    leftover = int(text_of(result).split("\n")[2])
+    wait_for(lambda: not pid_alive(leftover), what="the leftover to be killed")
+
+
+def test_a_leftover_not_holding_the_pipes_does_not_delay_the_answer_and_still_dies(server):
+    started = time.monotonic()
+    result = run(server, program="sh", args=["-c", "sleep 100 >/dev/null 2>&1 & echo $!"])
+    assert time.monotonic() - started < 0.8
+    leftover = int(text_of(result).split("\n")[2])
+    assert pid_alive(leftover)
+    wait_for(lambda: not pid_alive(leftover), timeout=5, what="the leftover to be killed a second later")
+
+
+def test_a_program_that_closes_its_output_and_keeps_running_is_timed_out(server):
+    result = run(server, program="sh", timeout=1, args=["-c", "exec >&- 2>&-; sleep 100"])
+    assert result["structuredContent"]["timed_out"] is True
+
+
+def test_a_flood_of_a_gigabyte_keeps_its_start_and_end(server):
+    result = server.call("command", {"program": "sh", "args": ["-c", "printf START; head -c 1073741824 /dev/zero | tr '\\0' x; printf END"]},
+                         timeout=60)
+    structured = result["structuredContent"]
+    assert structured["output_bytes"] == 1073741824 + 8
+    text = text_of(result)
+    assert "output (1073741832 bytes):\nSTARTxxx" in text
+    assert text.endswith("xxxEND\nerrors: none")
+    assert f"[… {1073741832 - 16384} bytes left out …]" in text
+
+
+def test_invalid_utf8_is_answered_with_replacement_characters(server):
+    result = run(server, program="sh", args=["-c", "printf 'a\\377\\376b'"])
+    assert "a\ufffd\ufffdb" in text_of(result)
+
+
+def test_a_cut_never_splits_a_character(servers, files):
+    server = servers(serve_argv(files, output="11"))
+    server.initialize()
+    result = run(server, program="sh", args=["-c", "printf 'ééééééééééééééé'"])  # 30 bytes
+    text = text_of(result)
+    head, tail = text.split("\n")[2], text.split("\n")[4]
+    assert head == "éé" and tail == "ééé"  # 5 bytes of head hold two, 6 of tail three
+    assert "\ufffd" not in text
+
+
+def test_without_input_the_program_reads_an_empty_stdin(server):
+    started = time.monotonic()
+    result = run(server, program="cat")
+    assert result["structuredContent"]["exit"] == 0
+    assert result["structuredContent"]["output_bytes"] == 0
+    assert time.monotonic() - started < 2
+
+
+def test_ten_megabytes_of_input_reach_the_program(server):
+    data = "0123456789abcdef" * (10 * 1024 * 1024 // 16)
+    result = server.call("command", {"program": "sh", "args": ["-c", "wc -c"], "input": data}, timeout=30)
+    assert text_of(result).split("\n")[2].strip() == str(len(data))
+
+
+def test_a_program_that_reads_stdin_forever_gets_its_input_then_eof(server):
+    result = run(server, program="cat", input="line one\nline two\n")
+    assert "line one\nline two" in text_of(result)
+
+
+def test_a_program_that_does_not_read_its_input_does_not_hang_the_call(server):
+    result = server.call("command", {"program": "true", "input": "x" * (8 * 1024 * 1024)}, timeout=20)
+    assert result["structuredContent"]["exit"] == 0
+
+
+def test_the_folder_is_where_it_runs(server, files):
+    (files / "work" / "deep").mkdir()
+    result = run(server, program="sh", args=["-c", "pwd"], folder="work/deep")
+    assert text_of(result).split("\n")[2] == str(files / "work" / "deep")
+    result = run(server, program="sh", args=["-c", "pwd"])
+    assert text_of(result).split("\n")[2] == str(files)
+
+
+@pytest.mark.parametrize("folder, words", [
+    ("../..", "goes up"),
+    ("work/../..", "goes up"),
+    ("/", "absolute"),
+    ("/etc", "absolute"),
+    ("missing", "does not exist"),
+    ("root", "is a link"),
+    ("work/root/etc", "is a link"),
+    ("file", "not a folder"),
+])
+def test_a_folder_outside_or_through_a_link_is_refused_before_anything_runs(server, files, folder, words):
+    (files / "root").symlink_to("/")
+    (files / "work" / "root").symlink_to("/")
+    (files / "file").write_text("")
+    marker = files / "work" / "ran"
+    result = run(server, program="sh", args=["-c", f"touch {marker}"], folder=folder)
+    assert result.get("isError") is True
+    assert words in text_of(result)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("program, words", [
+    ("../bin/sh", "neither a bare name nor an absolute path"),
+    ("bin/sh", "neither a bare name nor an absolute path"),
+    ("A=b", "'='"),
+    ("sh\n", "newline"),
+    ("sh\0", "NUL"),
+    ("ls", "not allowed"),
+    ("/bin/ls", "not allowed"),
+    ("/no/such/program", "not found"),
+    ("/usr/bin/../bin/sh", "plain absolute path"),
+])
+def test_a_program_not_allowed_or_malformed_is_refused_saying_what_is_allowed(server, program, words):
+    result = run(server, program=program)
+    assert result.get("isError") is True
+    assert words in text_of(result)
+
+
+def test_an_allowed_name_may_also_be_given_as_the_path_it_resolves_to(server):
+    sh = subprocess.run(["sh", "-c", "command -v sh"], capture_output=True, text=True,
+                        env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}).stdout.strip()
+    result = run(server, program=sh, args=["-c", "exit 0"])
+    assert result.get("isError") is None, text_of(result)
+
+
+def test_a_name_not_on_the_programs_path_is_not_found_even_when_allowed(servers, files, tmp_path):
+    tool = tmp_path / "bin" / "mytool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho mine\n")
+    tool.chmod(0o755)
+    server = servers(serve_argv(files, programs=("mytool",)))
+    server.initialize()
+    result = run(server, program="mytool")
+    assert result.get("isError") is True and "not found" in text_of(result)
+    # Listed as an absolute path, it runs.
+    server2 = servers(serve_argv(files, programs=(str(tool),)))
+    server2.initialize()
+    assert "mine" in text_of(run(server2, program=str(tool)))
+
+
+def test_star_allows_any_program_on_the_path(servers, files):
+    server = servers(serve_argv(files, programs=("*",)))
+    server.initialize()
+    assert "isError" not in run(server, program="ls")
+    assert "isError" not in run(server, program="/bin/ls")
+
+
+@pytest.mark.parametrize("arguments, words", [
+    ({"program": 3}, "program must be a string"),
+    ({"program": "sh", "args": "x"}, "args must be an array of strings"),
+    ({"program": "sh", "args": [1]}, "args must be an array of strings"),
+    ({"program": "sh", "input": 5}, "input must be a string"),
+    ({"program": "sh", "timeout": 0}, "timeout must be"),
+    ({"program": "sh", "timeout": 9999}, "timeout must be"),
+    ({"program": "sh", "timeout": "1"}, "timeout must be"),
+    ({"program": "sh", "folder": 1}, "folder must be a string"),
+    ({"program": "sh", "cwd": "x"}, "unknown argument 'cwd'"),
+    ({}, "program must be a string"),
+])
+def test_wrong_argument_types_are_tool_errors_that_say_what_to_give(server, arguments, words):
+    result = server.call("command", arguments)
+    assert result.get("isError") is True
+    assert words in text_of(result)
+
+
+def test_vars_reach_the_program(servers, files):
+    server = servers(serve_argv(files, "--var", "GREETING=hello there"))
+    server.initialize()
+    assert "hello there" in text_of(run(server, program="sh", args=["-c", "echo $GREETING"]))
+
+
+def test_calls_run_at_once_each_on_a_thread_of_its_own(server):
+    started = time.monotonic()
+    for request_id in range(100, 120):
+        server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                     "params": {"name": "command", "arguments": {"program": "sleep", "args": ["0.5"]}}})
+    for request_id in range(100, 120):
+        assert server.wait_response(request_id)["result"]["structuredContent"]["exit"] == 0
+    assert time.monotonic() - started < 2.5
+
+
+def test_a_cancelled_call_is_killed_and_never_answered(server, files):
+    server.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "command", "arguments": {"program": "sh", "args": ["-c", "echo $$ > work/pid; exec sleep 100"]}}})
+    pid_file = files / "work" / "pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the program to start")
+    pid = int(pid_file.read_text())
+    server.notify("notifications/cancelled", {"requestId": 7, "reason": "the user pressed stop"})
+    wait_for(lambda: not pid_alive(pid), what="the cancelled program to be killed")
+    assert server.request("ping") == {"jsonrpc": "2.0", "id": server._next_id - 1, "result": {}}
+    assert all(message.get("id") != 7 for message in server.pending)
+    assert all(b'"id":7' not in line for line in server.raw)
+
+
+def test_progress_reports_the_bytes_so_far_with_the_token_as_sent(server):
+    response = server.request("tools/call", {
+        "name": "command", "_meta": {"progressToken": "tok-1"},
+        "arguments": {"program": "sh", "args": ["-c", "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.2; done"]},
+    })
+    progress = [m for m in server.pending if m.get("method") == "notifications/progress"]
+    assert progress, "no progress was sent"
+    assert all(m["params"]["progressToken"] == "tok-1" for m in progress)
+    values = [m["params"]["progress"] for m in progress]
+    assert values == sorted(set(values))
+    assert "result" in response
+    # Nothing after the answer: the answer is the last message for this call.
+    index = server.raw.index(next(line for line in server.raw if b'"result"' in line and b'"content"' in line))
+    assert not any(b"notifications/progress" in line for line in server.raw[index + 1:])
+
+
+def test_on_stdin_eof_a_call_in_flight_still_answers_within_the_grace(servers, files):
+    server = servers(serve_argv(files))
+    server.initialize()
+    server.send({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                 "params": {"name": "command", "arguments": {"program": "sleep", "args": ["0.5"]}}})
+    server.process.stdin.close()
+    assert server.wait_response(9)["result"]["structuredContent"]["exit"] == 0
+    assert server.process.wait(timeout=5) == 0
+
+
+def test_on_stdin_eof_a_long_call_is_killed_and_serve_exits_0(servers, files):
+    server = servers(serve_argv(files))
+    server.initialize()
+    server.send({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "command", "arguments": {"program": "sh", "args": ["-c", "echo $$ > work/pid; exec sleep 100"]}}})
+    pid_file = files / "work" / "pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the program to start")
+    started = time.monotonic()
+    server.process.stdin.close()
+    assert server.process.wait(timeout=5) == 0
+    assert time.monotonic() - started < 2.5
+    wait_for(lambda: not pid_alive(int(pid_file.read_text())), what="the call to be killed")
+
+
+def test_without_programs_there_is_no_command_and_the_instructions_say_so(servers, files):
+    server = servers(serve_argv(files, programs=()))
+    result = server.initialize()
+    assert "You may run nothing" in result["instructions"]
+    assert server.request("tools/list")["result"]["tools"] == []
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], "--files is required"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K"], "no sandbox after --"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2x", "--output", "16K", "--", "env"], "--timeout '2x' is not a duration"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16Q", "--", "env"], "--output '16Q' is not a size"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--var", "1X=2", "--", "env"], "--var '1X=2' is not NAME=VALUE"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--state", "/tmp/s", "--", "env"], "--background is required with --state"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--write", "../x", "--", "env"], "--write '../x'"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--bogus", "--", "env"], "unknown flag '--bogus'"),
+])
+def test_a_missing_or_bad_flag_is_named_in_one_line_and_exits_2(argv, words):
+    completed = subprocess.run(SERVER + ["serve", *argv], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=10)
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    lines = completed.stderr.strip().split("\n")
+    assert len(lines) == 1 and words in lines[0], completed.stderr

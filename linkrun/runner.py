@@ -10,7 +10,6 @@ still holds the output pipes.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import select
@@ -18,6 +17,7 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 
+from . import beneath
 from .capture import Capture
 from .child import SLICE, boottime, exit_status, kill_group
 from .errors import Refused
@@ -94,38 +94,14 @@ def kill_leftovers_now():
 
 
 def open_folder(files_fd: int, folder: str) -> int:
-    """Open `folder` below `files_fd` one component at a time, following no link."""
-    fd = os.dup(files_fd)
+    """Open `folder` below the files folder one component at a time, following no link."""
     try:
-        for part in folder.split("/"):
-            if part in ("", "."):
-                continue
-            try:
-                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as error:
-                raise _folder_refusal(fd, folder, part, error) from None
-            os.close(fd)
-            fd = next_fd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _folder_refusal(parent_fd: int, folder: str, part: str, error: OSError) -> Refused:
-    hint = "give a folder of the files folder, such as work or work/project"
-    if error.errno == errno.ENOENT:
-        return Refused(f"folder {folder!r}: {part!r} does not exist", hint)
-    try:
-        is_link = os.path.islink(f"/proc/self/fd/{parent_fd}/{part}")
-    except OSError:
-        is_link = False
-    if is_link:
-        return Refused(f"folder {folder!r}: {part!r} is a link, and a call never enters a folder through a link",
-                       "give the folder's own path")
-    if error.errno in (errno.ENOTDIR, errno.ELOOP):
-        return Refused(f"folder {folder!r}: {part!r} is not a folder", hint)
-    return Refused(f"folder {folder!r} cannot be opened: {error.strerror}", hint)
+        return beneath.open_folder(files_fd, folder)
+    except beneath.NotBeneath as problem:
+        if problem.why == "is a link":
+            raise Refused(f"{problem}, and a call never enters a folder through a link",
+                          "give the folder's own path") from None
+        raise Refused(str(problem), "give a folder of the files folder, such as work or work/project") from None
 
 
 def run(request: Request, argv: list[str], cwd_fd: int, pass_fds: tuple[int, ...],

@@ -287,7 +287,7 @@ class Session:
 
         def work():
             try:
-                context = CallContext(meta, call.cancel, self._progress_sender(call) if token is not None else None)
+                context = CallContext(meta, call.cancel, self._progress_sender(call, version) if token is not None else None)
                 try:
                     outcome = self.tools.call(name, arguments, context)
                 except Exception as problem:
@@ -315,17 +315,17 @@ class Session:
         self._start_thread(answer)
         return None
 
-    def _progress_sender(self, call: Call):
-        def send(total_bytes: int):
+    def _progress_sender(self, call: Call, version: str):
+        def send(progress, total=None, message=None):
+            params = {"progressToken": call.progress_token, "progress": progress}
+            if total is not None:
+                params["total"] = total
+            if message is not None and version >= "2025-03-26":
+                params["message"] = message
             with call.lock:  # under the call's lock, so none can follow its answer
                 if call.done:
                     return
-                self.channel.send({
-                    "jsonrpc": "2.0",
-                    "method": "notifications/progress",
-                    "params": {"progressToken": call.progress_token, "progress": total_bytes,
-                               "message": f"{total_bytes} bytes of output so far"},
-                })
+                self.channel.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
         return send
 
     def _start_thread(self, target):

@@ -15,7 +15,7 @@ from . import runner
 from .capture import Capture
 from .child import signal_name
 from .config import Serve, format_duration
-from .errors import Refused
+from .errors import LinkRunError, Refused
 from .programs import Programs
 
 
@@ -32,7 +32,7 @@ class CallContext:
 
     meta: dict
     cancel: runner.Cancel
-    progress: object = None  # callable(bytes_so_far) or None
+    progress: object = None  # callable(progress, total, message), when the client asked for it
 
 
 def _describe_size(size: int) -> str:
@@ -85,8 +85,17 @@ class Tools:
         self.offered = self.programs.offered()
         self._files_fd = None
         self.table: dict[str, dict] = {}
+        self.background = None
         if settings.programs:
             self.table["command"] = self._command_tool()
+        if settings.offers_background:
+            from .background import Background, tool_table
+
+            self.background = Background(settings, self._files_descriptor)
+            table = tool_table(dict(_RUN_PROPERTIES), settings)
+            if not settings.programs:
+                del table["start"]
+            self.table.update(table)
 
     # -- listing ---------------------------------------------------------
 
@@ -156,6 +165,20 @@ class Tools:
         if s.write:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
                          "the rest is read-only, and chats/ and background/ are never writable.")
+        if "start" in self.table:
+            b = s.background
+            if b.way_in is None:
+                told = ("Nothing tells you when it ends here: use list, and read with wait (at most 30 s a "
+                        "call), to learn how it went.")
+            else:
+                told = ("When it ends, a message from run:<id> tells this conversation how it ended, with the "
+                        "end of its output between markers: that text is the program's, never the user's words.")
+            lines.append(
+                f"For long work (a build, a test suite, a download), start runs a command in the background and "
+                f"answers at once with its id; at most {b.running} run at once, each for at most "
+                f"{format_duration(b.timeout)}, and {b.per_day} may start in a day. Its output, both streams as "
+                f"one, is background/<id>.out in the files folder (the last {_describe_size(b.output)} are kept). "
+                f"list shows this conversation's commands, read gives their output, stop stops one. {told}")
         return "\n".join(lines)
 
     # -- calling ---------------------------------------------------------
@@ -165,9 +188,36 @@ class Tools:
         try:
             if name == "command":
                 return self._command(arguments, context)
-            raise KeyError(name)
+            return self._background(name, arguments, context)
         except Refused as refusal:
             return ToolResult(f"Refused: {refusal}", is_error=True)
+        except LinkRunError as failure:
+            return ToolResult(f"Failed: {failure}", is_error=True)
+
+    def _background(self, name: str, arguments: dict, context: CallContext) -> ToolResult:
+        background = self.background
+        if name == "start":
+            request = self.check_run(arguments, set(_RUN_PROPERTIES))
+            os.close(runner.open_folder(self._files_descriptor(), request.folder))
+            answer = background.start(request, self.argv_tail(request), arguments, context.meta)
+            how = ("a message from run:{id} will tell this conversation how it ended"
+                   if self.settings.background.way_in else "use read with wait, or list, to learn how it ends")
+            text = (f"Started {answer['id']}: {arguments['program']} {' '.join(request.args)}".rstrip()
+                    + f"\nIts output goes to {answer['output']}; " + how.format(id=answer["id"]) + ".")
+            return ToolResult(text, answer)
+        _check_keys(arguments, {"list": set(), "read": {"id", "offset", "wait"}, "stop": {"id"}}[name])
+        if name == "list":
+            answer = background.list(context.meta)
+            return ToolResult(_list_text(answer["commands"]), answer)
+        if name == "read":
+            report = None
+            if context.progress is not None:
+                def report(waited, wait):
+                    context.progress(waited, wait, "waiting for output")
+            structured, text = background.read(arguments, context.meta, report)
+            return ToolResult(text, structured)
+        entry = background.stop(arguments, context.meta)
+        return ToolResult(_list_text([entry]), entry)
 
     def _files_descriptor(self) -> int:
         if self._files_fd is None:
@@ -176,9 +226,7 @@ class Tools:
 
     def check_run(self, arguments: dict, allowed: set[str]) -> runner.Request:
         """The checks `command` and `start` share: arguments → a resolved Request."""
-        unknown = sorted(set(arguments) - allowed)
-        if unknown:
-            raise Refused(f"unknown argument {unknown[0]!r}", "the arguments are " + ", ".join(sorted(allowed)))
+        _check_keys(arguments, allowed)
         program = arguments.get("program")
         if not isinstance(program, str):
             raise Refused("program must be a string", "give a bare name such as python3, or an absolute path")
@@ -201,18 +249,26 @@ class Tools:
         path = self.programs.resolve(program)
         return runner.Request(path, tuple(args), text.encode() if text else None, folder, float(timeout))
 
-    def argv_for(self, request: runner.Request) -> list[str]:
-        argv = list(self.settings.sandbox) + ["--"]
+    def argv_tail(self, request: runner.Request) -> list[str]:
+        """What follows the sandbox's `--`: the program, through env when --var is given."""
+        tail = []
         if self.settings.variables:
-            argv += ["/usr/bin/env"] + [f"{name}={value}" for name, value in self.settings.variables]
-        return argv + [request.program, *request.args]
+            tail += ["/usr/bin/env"] + [f"{name}={value}" for name, value in self.settings.variables]
+        return tail + [request.program, *request.args]
+
+    def argv_for(self, request: runner.Request) -> list[str]:
+        return list(self.settings.sandbox) + ["--"] + self.argv_tail(request)
 
     def _command(self, arguments: dict, context: CallContext) -> ToolResult | None:
         request = self.check_run(arguments, set(_RUN_PROPERTIES) | {"timeout"})
         folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
+        report = None
+        if context.progress is not None:
+            def report(total):
+                context.progress(total, None, f"{total} bytes of output so far")
         try:
             outcome = runner.run(request, self.argv_for(request), folder_fd, (), context.cancel,
-                                 self.settings.output, context.progress)
+                                 self.settings.output, report)
         finally:
             os.close(folder_fd)
         if outcome.cancelled:
@@ -224,6 +280,29 @@ class Tools:
         lines += _stream_text("output", outcome.output)
         lines += _stream_text("errors", outcome.errors)
         return "\n".join(lines)
+
+
+def _check_keys(arguments: dict, allowed: set[str]):
+    unknown = sorted(set(arguments) - allowed)
+    if unknown:
+        known = ", ".join(sorted(allowed)) or "none"
+        raise Refused(f"unknown argument {unknown[0]!r}", f"the arguments are: {known}")
+
+
+def _list_text(entries: list[dict]) -> str:
+    if not entries:
+        return "No background command of this conversation's."
+    lines = []
+    for e in entries:
+        how = e["state"]
+        if e["exit"] is not None:
+            how += f" (exit {e['exit']})"
+        elif e["signal"]:
+            how += f" ({e['signal']})"
+        command = " ".join([e["program"], *e["args"]])
+        lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
+                     f"told: {e['told']}\n  {command}  (in {e['folder']})")
+    return "\n".join(lines)
 
 
 def _check_folder(folder: str) -> str:

@@ -1,0 +1,175 @@
+"""The state folder: records ↔ orjson, atomic writes, and the flocks.
+
+Per command, `<id>.lock` (its flock held by the supervisor for its whole
+life), `<id>.json` (the record), `<id>.in`, `<id>.log`, `<id>.stop`. A record
+is written whole or not at all: beside, fdatasync, renamed, the folder synced.
+
+Imported by serve, the supervisor and the sweep: stdlib and orjson only.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import os
+import re
+import secrets
+import time
+
+import orjson
+
+from .errors import LinkRunError
+
+VERSION = 1
+ID = re.compile(r"^[a-z2-7]{16}$")
+RUNNING_STATES = ("starting", "running")
+ENDED_STATES = ("exited", "stopped", "timed out", "lost", "failed to start")
+SUFFIXES = (".json", ".in", ".log", ".stop", ".stop.new")
+
+
+def new_id() -> str:
+    return base64.b32encode(secrets.token_bytes(10)).decode().lower()
+
+
+def path(state: str, command_id: str, suffix: str) -> str:
+    return os.path.join(state, command_id + suffix)
+
+
+def ensure_state(state: str) -> None:
+    """Create the state folder (0700) when missing; refuse one we cannot trust."""
+    try:
+        os.makedirs(state, mode=0o700, exist_ok=True)
+    except OSError as error:
+        raise LinkRunError(f"cannot create the state folder {state}: {error.strerror}",
+                           "check its parent folder's permissions") from None
+    if os.path.islink(state) or not os.path.isdir(state):
+        raise LinkRunError(f"the state folder {state} is not a folder", "give a folder of its own")
+
+
+def load(state: str, command_id: str) -> dict | None:
+    try:
+        with open(path(state, command_id, ".json"), "rb") as f:
+            return orjson.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except orjson.JSONDecodeError:
+        return None  # never happens with atomic writes; treat as absent rather than crash
+
+
+def write(state: str, command_id: str, record: dict) -> None:
+    """Write the record whole or not at all."""
+    final = path(state, command_id, ".json")
+    temporary = f"{final}.{secrets.token_hex(4)}.tmp"
+    data = orjson.dumps(record)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fdatasync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(temporary)
+        raise
+    os.close(fd)
+    os.rename(temporary, final)
+    sync_folder(state)
+
+
+def sync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ids(state: str) -> list[str]:
+    """Every command id with a record in the state folder."""
+    try:
+        names = os.listdir(state)
+    except FileNotFoundError:
+        return []
+    return [name[:-5] for name in names if name.endswith(".json") and ID.match(name[:-5])]
+
+
+def create_lock(state: str, command_id: str) -> int:
+    """Create `<id>.lock` exclusively and take its flock; the id is ours after this."""
+    fd = os.open(path(state, command_id, ".lock"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def try_lock(state: str, command_id: str) -> int | None:
+    """Take a record's lock without waiting and without creating it.
+
+    Returns the descriptor (the caller holds the lock until it closes it), or
+    None when a supervisor holds it, or when the lock or the record went away
+    or was replaced meanwhile.
+    """
+    lock_path = path(state, command_id, ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise
+    try:
+        same = os.stat(lock_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same or not os.path.exists(path(state, command_id, ".json")):
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_held(state: str, command_id: str) -> bool:
+    """True while a supervisor holds the record's lock."""
+    fd = try_lock(state, command_id)
+    if fd is None:
+        return os.path.exists(path(state, command_id, ".lock"))
+    os.close(fd)
+    return False
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (field 22 of its stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+def write_stop(state: str, command_id: str, reason: str) -> None:
+    """A stop request: written beside, then linked into place whole.
+
+    A link, unlike a rename, never replaces a stop file already there: the
+    first reason wins.
+    """
+    final = path(state, command_id, ".stop")
+    temporary = f"{final}.{secrets.token_hex(4)}.new"
+    with open(temporary, "w") as f:
+        f.write(reason)
+    try:
+        os.link(temporary, final)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(temporary)
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,334 @@
+"""The supervisor of one background command: its whole life, steps 1 to 9.
+
+`start` (in serve, background.py) runs `python -I -m linkrun supervise <id>
+--state <state>` in a new session with the record's lock as stdin. The first
+act here, while single-threaded and before importing anything heavy, is to
+fork: the parent exits at once (serve reaps it), and the child, which is not
+serve's, lives on as the supervisor. It holds the lock until it exits; the
+kernel releases it however it dies, which is how a sweep knows it is gone.
+
+The step numbers are those of the design, and of background.py and gate.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] != "--state":
+        print("usage: lnk-link-run supervise <id> --state <dir> (started by serve, not by hand)", file=sys.stderr)
+        return 2
+    if os.fork():
+        os._exit(0)  # the intermediate: serve reaps it at once
+    from .records import ID
+
+    if not ID.match(argv[0]):
+        print(f"supervise: {argv[0]!r} is not a command id", file=sys.stderr)
+        return 2
+    return Supervisor(argv[0], os.path.abspath(argv[2])).run()
+
+
+class Supervisor:
+    def __init__(self, command_id: str, state: str):
+        self.id = command_id
+        self.state = state
+
+    def run(self) -> int:
+        import fcntl
+        import signal
+
+        from . import records
+
+        self.records = records
+        # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
+        # the lock moves to a close-on-exec descriptor. We never exec after this.
+        self.lock_fd = os.dup(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.close(null)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: a check, not a wait
+        record = records.load(self.state, self.id)
+        if record is None:
+            self.log("no record: nothing to supervise")
+            return 1
+        self.record = record
+
+        # The signals of the agent's service stopping are recorded and acted on by the loop (8).
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.signalled = None
+
+        def on_signal(number, frame):
+            self.signalled = number
+
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, on_signal)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+
+        # 2. Watch for the stop file, then look once: a stop before the watch is not lost.
+        self.stop_path = records.path(self.state, self.id, ".stop")
+        self.observer = self.watch_stop()
+        from .outfile import OutputFile
+        try:
+            self.output = OutputFile.create(record["files"], self.id, record["background_output"],
+                                            on_rotate=self.rotated)
+        except OSError as problem:
+            self.log(f"cannot create the output file: {problem}")
+            return self.finish("failed to start", None, None)
+
+        if os.path.exists(self.stop_path):
+            return self.finish(self.stop_state(), None, None)
+
+        # 3. The gate, from this (main) thread: its death signal follows this thread.
+        try:
+            self.spawn_gate()
+        except OSError as problem:
+            self.log(f"cannot start the gate: {problem}")
+            return self.finish("failed to start", None, None)
+
+        # 4. The record names the group before anything runs.
+        from .child import boottime
+
+        record.update(
+            state="running", group=self.gate.pid, leader_pid=self.gate.pid,
+            leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
+            inode=self.output.inode, kept_from=0, bytes=0,
+        )
+        records.write(self.state, self.id, record)
+        if os.path.exists(self.stop_path):
+            os.close(self.control)  # the gate reads EOF and exits: nothing ran
+            self.gate.wait()
+            return self.finish(self.stop_state(), None, None)
+        os.write(self.control, b"G")
+        os.close(self.control)
+        self.began = boottime()
+        try:
+            return self.loop()
+        except Exception:
+            # A failure of ours must not leave the command running unwatched.
+            import traceback
+
+            from .child import kill_group
+
+            self.log("failed while it ran; killing its group:\n" + traceback.format_exc())
+            kill_group(self.gate.pid)
+            self.gate.wait()
+            return self.finish("lost", None, None)
+
+    # -- step 2 ---------------------------------------------------------------
+
+    def watch_stop(self):
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+
+            supervisor = self
+
+            class StopHandler(FileSystemEventHandler):
+                def on_any_event(self, event):
+                    if supervisor.stop_path in (event.src_path, getattr(event, "dest_path", "")):
+                        try:
+                            os.write(supervisor.wake_w, b"s")
+                        except BlockingIOError:
+                            pass  # a wake is already pending
+
+            observer = Observer()
+            observer.schedule(StopHandler(), self.state, recursive=False)
+            observer.daemon = True
+            observer.start()
+            self.poll_every = None
+            return observer
+        except OSError as problem:  # inotify instances or watches ran out
+            self.log(f"cannot watch the state folder ({problem}); checking for a stop every 250 ms")
+            self.poll_every = 0.25
+            return None
+
+    # -- step 3 ---------------------------------------------------------------
+
+    def spawn_gate(self):
+        import subprocess
+
+        import orjson
+
+        record = self.record
+        control_r, self.control = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        self.out_r = out_r
+        from .outfile import grow_pipe
+        grow_pipe(out_r)
+        input_path = self.records.path(self.state, self.id, ".in")
+        try:
+            stdin = os.open(input_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            stdin = subprocess.DEVNULL
+        command = list(record["program_argv"])
+        gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
+        try:
+            self.gate = subprocess.Popen(
+                [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r)],
+                stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r,),
+                process_group=0, close_fds=True,
+            )
+        finally:
+            os.close(control_r)
+            os.close(out_w)
+            if stdin != subprocess.DEVNULL:
+                os.close(stdin)
+                os.unlink(input_path)  # fed: the gate holds it open now
+        self.pidfd = os.pidfd_open(self.gate.pid)
+        spec = {
+            "files": record["files"], "folder": record["folder"], "write": record["write"],
+            "proxy": record["proxy"], "sandbox": record["argv"], "command": command,
+        }
+        os.write(self.control, orjson.dumps(spec) + b"\n")
+
+    # -- steps 5 to 8: one loop -----------------------------------------------
+
+    def loop(self) -> int:
+        import select
+        import signal
+
+        from .child import SLICE, boottime, exit_status, kill_group
+
+        record = self.record
+        deadline = self.began + record["timeout"]
+        poller = select.poll()
+        poller.register(self.out_r, select.POLLIN)
+        poller.register(self.pidfd, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        exit_code = signal_number = None
+        exited = False
+        ending = None  # why we stop it: "timed out", "stopped", "lost"
+        kill_at = drain_until = None
+        pipe_open = True
+        while pipe_open or not exited:
+            now = boottime()
+            if ending is None and not exited:
+                if now >= deadline:
+                    ending = "timed out"
+                elif self.signalled is not None:
+                    ending = "lost"
+                elif os.path.exists(self.stop_path):
+                    ending = self.stop_state()
+                if ending is not None:
+                    self.log(f"stopping ({ending}): SIGTERM, then SIGKILL to group {self.gate.pid} in 2 s")
+                    self.terminate()
+                    kill_at = now + 2.0
+            if kill_at is not None and now >= kill_at and not exited:
+                kill_group(self.gate.pid, signal.SIGKILL)
+                kill_at = None
+            if exited and pipe_open and now >= drain_until:
+                break  # something outside the group holds the pipe: stop reading
+            wake = SLICE
+            if ending is None and not exited:
+                wake = min(wake, deadline - now)
+            if kill_at is not None:
+                wake = min(wake, kill_at - now)
+            if self.poll_every:
+                wake = min(wake, self.poll_every)
+            for fd, _event in poller.poll(max(0.0, wake) * 1000):
+                if fd == self.out_r:
+                    if not self.output.pump(self.out_r):
+                        poller.unregister(self.out_r)
+                        pipe_open = False
+                elif fd == self.pidfd:
+                    poller.unregister(self.pidfd)
+                    exit_code, signal_number = exit_status(self.pidfd)
+                    exited = True
+                    # What the program left dies with the sandbox's pid namespace;
+                    # without one (a pass-through sandbox), with its group, now.
+                    kill_group(self.gate.pid, signal.SIGKILL)
+                    drain_until = boottime() + SLICE
+                elif fd == self.wake_r:
+                    try:
+                        while os.read(self.wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+        self.gate.wait()
+        os.close(self.pidfd)
+        os.close(self.out_r)
+        self.output.finish()
+        if ending is None and self.signalled is not None:
+            ending = "lost"
+        return self.finish(ending or "exited", exit_code, signal_number)
+
+    def terminate(self):
+        """SIGTERM to the program's own session inside the sandbox, else to the gate's group."""
+        import signal
+
+        from .child import kill_group
+
+        program = self.program_in_sandbox()
+        if program is not None:
+            kill_group(program, signal.SIGTERM)
+        else:
+            kill_group(self.gate.pid, signal.SIGTERM)
+
+    def program_in_sandbox(self) -> int | None:
+        # With --new-session the program leads a session of its own below
+        # bwrap's pid 1 (the gate's only child); a SIGTERM to the gate's group
+        # would reach only the outer bwrap and tear the sandbox down with no grace.
+        if "--new-session" not in self.record["argv"]:
+            return None
+        pid = self.gate.pid
+        for _ in range(2):
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    children = f.read().split()
+            except OSError:
+                return None
+            if not children:
+                return None
+            pid = int(children[0])
+        return pid
+
+    def stop_state(self) -> str:
+        """The stop file's reason, read once: the first reason wins."""
+        if getattr(self, "_stop_state", None) is None:
+            try:
+                with open(self.stop_path, "rb") as f:
+                    reason = f.read(64).decode("utf-8", "replace").strip()
+            except OSError:
+                reason = ""
+            self._stop_state = "lost" if reason == "agent stopping" else "stopped"
+        return self._stop_state
+
+    # -- step 5 hook, and step 9 ----------------------------------------------
+
+    def rotated(self, inode: int, kept_from: int):
+        """(c) of a rotation: the record names the new file before it takes the old one's place."""
+        self.record.update(inode=inode, kept_from=kept_from)
+        self.records.write(self.state, self.id, self.record)
+
+    def finish(self, state: str, exit_code, signal_number) -> int:
+        from .child import signal_name
+
+        record = self.record
+        record.update(state=state, ended=self.records.now(), exit=exit_code,
+                      signal=signal_name(signal_number) if signal_number is not None else None)
+        if hasattr(self, "output"):
+            record.update(inode=self.output.inode, kept_from=self.output.kept_from, bytes=self.output.total)
+        if record.get("told") != "no way in":
+            record["told"] = "untold"
+        self.records.write(self.state, self.id, record)
+        self.log(f"ended: {state}, exit {exit_code}, signal {record['signal']}, {record.get('bytes', 0)} bytes")
+        # A lost command (the agent or its service stopping) is told by the
+        # sweep when the agent is back, not now.
+        if record["told"] == "untold" and state != "lost":
+            self.tell()
+        if self.observer is not None:
+            self.observer.stop()
+        return 0
+
+    def tell(self):
+        """Step 9: tell the conversation through the way in (§4)."""
+        try:
+            from . import telling
+        except ImportError:
+            return  # the way in is not part of this version yet: a sweep tells later
+        telling.tell_from_supervisor(self.state, self.id, self.record, self.log)
+
+    def log(self, text: str):
+        print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)

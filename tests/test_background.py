@@ -1,0 +1,405 @@
+"""Background commands: start, list, read, stop, with real detached
+supervisors, real gates and real signals (through a pass-through sandbox)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import pid_alive, serve_argv, text_of, wait_for
+
+from linkrun import records
+
+META = {"link.local/thread": "conversation-1"}
+OTHER = {"link.local/thread": "conversation-2"}
+
+
+def background_argv(files: Path, state: Path, *, running="4", output="16M", per_day="100", hops="4",
+                    timeout="1h", extra=()):
+    return serve_argv(files, "--state", str(state), "--no-way-in", "--background", running,
+                      "--background-timeout", timeout, "--background-output", output,
+                      "--background-keep", "1d", "--background-per-day", per_day, "--hops", hops, *extra)
+
+
+@pytest.fixture
+def state(tmp_path):
+    folder = tmp_path / "state"
+    yield folder
+    # Nothing a test started may outlive it: stop what still runs, and fail if it will not end.
+    left = []
+    for command_id in records.ids(str(folder)):
+        if records.is_held(str(folder), command_id):
+            records.write_stop(str(folder), command_id, "stopped")
+            left.append(command_id)
+    for command_id in left:
+        wait_for(lambda: not records.is_held(str(folder), command_id), timeout=10,
+                 what=f"the supervisor of {command_id} to end")
+
+
+@pytest.fixture
+def bg(servers, files, state):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    return server
+
+
+def start(server, meta=META, **arguments):
+    result = server.call("start", arguments, meta=meta)
+    assert "isError" not in result, text_of(result)
+    return result["structuredContent"]["id"]
+
+
+def record(state, command_id):
+    return records.load(str(state), command_id)
+
+
+def wait_ended(state, command_id, timeout=10):
+    return wait_for(lambda: (r := record(state, command_id)) and r["state"] not in records.RUNNING_STATES and r,
+                    timeout=timeout, what=f"{command_id} to end")
+
+
+def wait_running(state, command_id):
+    return wait_for(lambda: (r := record(state, command_id)) and r["state"] == "running" and r,
+                    what=f"{command_id} to run")
+
+
+def test_start_answers_at_once_and_the_command_runs_to_its_end(bg, state, files):
+    started = time.monotonic()
+    command_id = start(bg, program="sh", args=["-c", "echo hello; echo oops >&2; exit 3"])
+    assert time.monotonic() - started < 1
+    assert records.ID.match(command_id)
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["exit"], ended["signal"], ended["bytes"]) == ("exited", 3, None, 11)
+    assert ended["told"] == "no way in"
+    assert (files / "background" / f"{command_id}.out").read_bytes() == b"hello\noops\n"
+    wait_for(lambda: not records.is_held(str(state), command_id), what="the supervisor to exit")
+
+
+def test_the_command_outlives_the_call_and_a_killed_server(servers, files, state):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "read line; echo got $line"], input="it\n")
+    server.process.kill()
+    server.process.wait()
+    ended = wait_ended(state, command_id)
+    assert ended["state"] == "exited" and ended["exit"] == 0
+    assert (files / "background" / f"{command_id}.out").read_bytes() == b"got it\n"
+
+
+def test_the_supervisor_is_not_the_servers_child_and_reaps_nothing_left(bg, state):
+    command_id = start(bg, program="sleep", args=["100"])
+    running = wait_running(state, command_id)
+    gate = running["leader_pid"]
+    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert supervisor != bg.process.pid
+    parent = int(Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert parent != bg.process.pid
+    # No zombie intermediate left under serve.
+    children = Path(f"/proc/{bg.process.pid}/task/{bg.process.pid}/children").read_text().split()
+    assert not children
+
+
+def test_stop_leaves_nothing_running_grandchildren_included(bg, state, files):
+    command_id = start(bg, program="sh", args=["-c", "sleep 100 & echo $! > work/pid; wait"])
+    wait_running(state, command_id)
+    pid_file = files / "work" / "pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the grandchild")
+    grandchild = int(pid_file.read_text())
+    started = time.monotonic()
+    result = bg.call("stop", {"id": command_id}, meta=META)
+    assert time.monotonic() - started < 3
+    assert result["structuredContent"]["state"] == "stopped"
+    assert not pid_alive(grandchild)
+
+
+def test_a_program_that_ignores_term_is_killed_two_seconds_after(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"])
+    wait_for(lambda: b"ready" in read_all(bg, command_id), what="the program to be ready")
+    started = time.monotonic()
+    result = bg.call("stop", {"id": command_id}, meta=META)
+    assert 1.5 < time.monotonic() - started < 4.5
+    assert result["structuredContent"]["state"] == "stopped"
+    assert result["structuredContent"]["signal"] == "SIGKILL"
+
+
+def test_a_stop_sent_right_after_start_is_not_lost(bg, state):
+    command_id = start(bg, program="sleep", args=["100"])
+    result = bg.call("stop", {"id": command_id}, meta=META)
+    assert result["structuredContent"]["state"] == "stopped"
+
+
+def test_a_killed_supervisor_takes_the_command_with_it(bg, state):
+    command_id = start(bg, program="sleep", args=["100"])
+    gate = wait_running(state, command_id)["leader_pid"]
+    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(gate), what="the command to die with its supervisor")
+    assert record(state, command_id)["state"] == "running"  # a sweep's to mend
+    wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
+
+
+def test_a_supervisor_sent_sigterm_ends_the_command_lost_and_untold(servers, files, tmp_path):
+    state = tmp_path / "state-told"
+    server = servers(serve_argv(files, "--state", str(state), "--way-in", "http://127.0.0.1:9/in", "--as", "agent",
+                                "--keyring", str(tmp_path), "--background", "4", "--background-timeout", "1h",
+                                "--background-output", "16M", "--background-keep", "1d",
+                                "--background-per-day", "100", "--hops", "4"))
+    server.initialize()
+    command_id = start(server, program="sleep", args=["100"])
+    gate = wait_running(state, command_id)["leader_pid"]
+    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGTERM)
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["told"]) == ("lost", "untold")
+    assert not pid_alive(gate)
+
+
+def test_a_program_cannot_reach_the_lock(bg, state, files):
+    command_id = start(bg, program="sh", args=["-c", "for f in /proc/$$/fd/*; do readlink $f; done; sleep 100"])
+    running = wait_running(state, command_id)
+    wait_for(lambda: read_all(bg, command_id), what="the descriptors listing")
+    listing = read_all(bg, command_id).decode()
+    assert ".lock" not in listing and ".json" not in listing
+    for fd in os.listdir(f"/proc/{running['leader_pid']}/fd"):
+        assert not os.readlink(f"/proc/{running['leader_pid']}/fd/{fd}").endswith(".lock")
+
+
+def test_ten_megabytes_of_input_reach_a_background_command(bg, state):
+    data = "x" * (10 * 1024 * 1024)
+    command_id = start(bg, program="sh", args=["-c", "wc -c"], input=data)
+    assert wait_ended(state, command_id)["exit"] == 0
+    assert read_all(bg, command_id).strip() == str(len(data)).encode()
+    assert not os.path.exists(records.path(str(state), command_id, ".in"))
+
+
+def test_the_background_timeout_stops_it(servers, files, state):
+    server = servers(background_argv(files, state, timeout="1"))
+    server.initialize()
+    command_id = start(server, program="sleep", args=["100"])
+    ended = wait_ended(state, command_id)
+    assert ended["state"] == "timed out"
+
+
+def read_all(server, command_id, meta=META) -> bytes:
+    result = server.call("read", {"id": command_id, "offset": 0}, meta=meta)
+    assert "isError" not in result, text_of(result)
+    return payload(result["structuredContent"], text_of(result))
+
+
+def payload(value: dict, text: str) -> bytes:
+    """The output bytes of a read's answer: its text's last next - offset bytes."""
+    count = value["next"] - value["offset"]
+    return text.encode()[-count:] if count else b""
+
+
+# -- read --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ended_with(bg, state):
+    def run(script: str):
+        command_id = start(bg, program="sh", args=["-c", script])
+        wait_ended(state, command_id)
+        return command_id
+    return run
+
+
+def read(bg, **arguments):
+    result = bg.call("read", arguments, meta=META)
+    assert "isError" not in result, text_of(result)
+    return result["structuredContent"], text_of(result)
+
+
+def test_read_without_offset_gives_the_last_output_bytes(bg, ended_with):
+    command_id = ended_with("head -c 40000 /dev/zero | tr '\\0' a; printf END")
+    value, text = read(bg, id=command_id)
+    assert value["next"] == value["total"] == 40003
+    assert value["offset"] == 40003 - 16384
+    assert text.endswith("aaaEND")
+
+
+def test_read_at_or_past_total_gives_nothing_and_says_it_ended(bg, ended_with):
+    command_id = ended_with("printf hello")
+    value, text = read(bg, id=command_id, offset=5)
+    assert (value["offset"], value["next"], value["total"]) == (5, 5, 5)
+    assert "it has ended" in text
+    value, _ = read(bg, id=command_id, offset=500)
+    assert (value["offset"], value["next"]) == (5, 5)
+
+
+def test_read_below_kept_from_starts_there_and_says_what_was_dropped(servers, files, state):
+    server = servers(background_argv(files, state, output="1K"))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "seq 1 2000"])
+    ended = wait_ended(state, command_id)
+    assert ended["kept_from"] == ended["bytes"] - 1024
+    assert os.path.getsize(files / "background" / f"{command_id}.out") == 1024
+    value, text = read(server, id=command_id, offset=0)
+    assert value["offset"] == ended["kept_from"]
+    assert f"bytes 0–{ended['kept_from']} were dropped" in text
+
+
+def test_read_never_splits_a_character(servers, files, state):
+    server = servers(background_argv(files, state, output="1K"))
+    server.initialize()
+    # 3000 two-byte characters: a cut at an odd byte must not split one.
+    command_id = start(server, program="python3", args=["-c", "print('é' * 3000, end='')"])
+    wait_ended(state, command_id)
+    for offset in (None, 0, 4999):
+        arguments = {"id": command_id} if offset is None else {"id": command_id, "offset": offset}
+        value, text = read(server, **arguments)
+        assert "\ufffd" not in text
+        assert (value["next"] - value["offset"]) % 2 == 0
+
+
+def test_read_with_wait_returns_when_output_comes(bg, state, files):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo late"], input="go\n")
+    value, _ = read(bg, id=command_id, offset=0, wait=10)
+    assert value["next"] == 5
+
+
+def test_read_with_wait_returns_at_the_end(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "sleep 0.3"])
+    started = time.monotonic()
+    value, text = read(bg, id=command_id, offset=0, wait=10)
+    assert time.monotonic() - started < 5
+    wait_ended(state, command_id)
+
+
+def test_output_read_while_it_rotates_is_never_at_a_stale_offset(servers, files, state):
+    server = servers(background_argv(files, state, output="4K"))
+    server.initialize()
+    # Fixed-width numbered lines: the bytes at any offset are known.
+    command_id = start(server, program="python3", args=["-c", (
+        "import sys\nfor i in range(300000): sys.stdout.write('%09d\\n' % i)\n")])
+    offset, checked = 0, 0
+    while True:
+        value, text = read(server, id=command_id, offset=offset, wait=5)
+        data = payload(value, text)
+        if data:
+            start_at = value["offset"]
+            expected = b"".join(b"%09d\n" % i for i in range(start_at // 10, (start_at + len(data)) // 10 + 2))
+            skip = start_at % 10
+            assert data == expected[skip:skip + len(data)], f"stale bytes at {start_at}"
+            checked += 1
+        offset = value["next"]
+        if value["state"] not in ("starting", "running") and value["next"] == value["total"]:
+            break
+    assert checked > 2
+    assert value["total"] == 3000000
+
+
+def test_a_link_planted_at_the_output_is_not_followed(bg, ended_with, files):
+    command_id = ended_with("echo mine")
+    output = files / "background" / f"{command_id}.out"
+    output.unlink()
+    output.symlink_to("/etc/passwd")
+    result = bg.call("read", {"id": command_id}, meta=META)
+    assert result.get("isError") is True
+    assert "link" in text_of(result)
+    assert "root:" not in text_of(result)
+
+
+def test_a_link_planted_at_background_refuses_start(servers, files, state, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (files / "background").symlink_to(elsewhere)
+    server = servers(background_argv(files, state))
+    server.initialize()
+    result = server.call("start", {"program": "true"}, meta=META)
+    assert result.get("isError") is True
+    assert "is a link" in text_of(result)
+    assert not list(elsewhere.iterdir())
+
+
+# -- conversations, hops, caps ---------------------------------------------------------
+
+
+def test_another_conversations_command_is_answered_as_unknown(bg, state):
+    command_id = start(bg, program="sleep", args=["100"])
+    wait_running(state, command_id)
+    assert text_of(bg.call("list", {}, meta=OTHER)) == "No background command of this conversation's."
+    for tool in ("read", "stop"):
+        theirs = bg.call(tool, {"id": command_id}, meta=OTHER)
+        unknown = bg.call(tool, {"id": "a" * 16}, meta=OTHER)
+        malformed = bg.call(tool, {"id": "../../etc/passwd"}, meta=OTHER)
+        assert theirs["isError"] and unknown["isError"] and malformed["isError"]
+        assert text_of(theirs) == text_of(unknown).replace("a" * 16, command_id)
+        assert "no command of this conversation's" in text_of(malformed)
+    assert record(state, command_id)["state"] == "running"
+
+
+@pytest.mark.parametrize("meta, words", [
+    ({}, "need the conversation"),
+    ({"link.local/thread": ""}, "need the conversation"),
+    ({"link.local/thread": "t", "link.local/hops": "1"}, "whole number"),
+    ({"link.local/thread": "t", "link.local/hops": 1.5}, "whole number"),
+    ({"link.local/thread": "t", "link.local/hops": 4}, "hops"),
+])
+def test_start_needs_a_conversation_below_the_hops(bg, meta, words):
+    result = bg.call("start", {"program": "true"}, meta=meta)
+    assert result.get("isError") is True
+    assert words in text_of(result)
+
+
+def test_hops_do_not_limit_command(bg):
+    result = bg.call("command", {"program": "true"}, meta={"link.local/thread": "t", "link.local/hops": 99})
+    assert "isError" not in result
+
+
+def test_the_running_cap_holds_under_concurrent_starts_from_several_servers(servers, files, state):
+    fleet = [servers(background_argv(files, state, running="2")) for _ in range(6)]
+    for server in fleet:
+        server.initialize()
+    answers = [None] * len(fleet)
+
+    def go(index):
+        answers[index] = fleet[index].call("start", {"program": "sleep", "args": ["100"]}, meta=META)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(fleet))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    accepted = [a for a in answers if "isError" not in a]
+    refused = [a for a in answers if a.get("isError")]
+    assert len(accepted) == 2
+    assert all("the most at once" in text_of(a) for a in refused)
+
+
+def test_the_day_cap_counts_starts_and_says_when_a_place_frees(servers, files, state):
+    server = servers(background_argv(files, state, per_day="2"))
+    server.initialize()
+    for _ in range(2):
+        wait_ended(state, start(server, program="true"))
+    result = server.call("start", {"program": "true"}, meta=META)
+    assert result.get("isError") is True
+    assert "the most in a day" in text_of(result) and "a place frees up at" in text_of(result)
+
+
+def test_list_shows_this_conversations_commands_newest_first(bg, state):
+    first = start(bg, program="true")
+    wait_ended(state, first)
+    second = start(bg, program="sh", args=["-c", "echo hi"])
+    wait_ended(state, second)
+    value = bg.call("list", {}, meta=META)["structuredContent"]
+    assert [c["id"] for c in value["commands"]] == [second, first]
+    entry = value["commands"][0]
+    assert entry["program"] == "sh" and entry["args"] == ["-c", "echo hi"] and entry["bytes"] == 3
+    assert entry["state"] == "exited" and entry["told"] == "no way in"
+
+
+def test_an_old_record_still_loads(tmp_path):
+    # A record of format version 1, as written by this version: a format change must keep reading it.
+    fixture = Path(__file__).parent / "data" / "record-v1.json"
+    record = orjson.loads(fixture.read_bytes())
+    assert record["v"] == 1
+    assert set(record) >= {"v", "argv", "write", "proxy", "folder", "program", "args", "started", "timeout",
+                           "output", "background_output", "keep", "way_in", "as", "keyring", "thread", "hops",
+                           "state", "group", "leader_pid", "leader_start", "boot_id", "inode", "kept_from",
+                           "bytes", "ended", "exit", "signal", "told", "first_try", "sweep_first_try", "told_at"}

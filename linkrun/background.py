@@ -137,9 +137,9 @@ class Background:
         background_fd = self.background_folder()
         os.close(background_fd)
         records.ensure_state(self.state)
-        if os.path.exists(os.path.join(self.state, "removed")):
-            raise Refused("this agent is being removed", "no command can start any more")
         with self.start_lock():
+            if os.path.exists(os.path.join(self.state, "removed")):
+                raise Refused("this agent is being removed", "no command can start any more")
             self.check_caps()
             # 2. The lock first, so no sweep ever sees a new record with a free lock.
             while True:
@@ -259,6 +259,36 @@ class Background:
         finally:
             os.close(log)
         return intermediate.wait()  # reaped on this thread: no zombie
+
+    # -- sweeps ---------------------------------------------------------------------
+
+    def start_sweeping(self):
+        """A detached sweep now, then every minute while a record it saw is
+        untold, else every ten minutes. Never waited for by a call."""
+        def loop():
+            while True:
+                self.run_sweep()
+                untold = any((r := records.load(self.state, i)) and r.get("told") in ("untold", "telling")
+                             for i in records.ids(self.state))
+                self.sweep_now.wait(60 if untold else 600)
+                self.sweep_now.clear()
+
+        self.sweep_now = threading.Event()
+        threading.Thread(target=loop, daemon=True, name="sweeps").start()
+
+    def run_sweep(self):
+        if not os.path.isdir(self.state):
+            return  # nothing started yet: nothing to mend
+        argv = [sys.executable, "-I", "-m", "linkrun", "sweep", "--state", self.state]
+        if self.b.way_in:
+            argv += ["--way-in", self.b.way_in, "--as", self.b.agent, "--keyring", self.b.keyring]
+        try:
+            sweeper = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       start_new_session=True, close_fds=True, cwd="/")
+        except OSError as problem:
+            print(f"lnk-link-run serve: cannot start a sweep: {problem}", file=sys.stderr)
+            return
+        sweeper.wait()  # on this thread, so it is reaped; it outlives serve if serve exits first
 
     # -- list, read, stop -------------------------------------------------------
 

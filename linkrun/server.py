@@ -358,7 +358,10 @@ def main(argv: list[str]) -> int:
     # Clients pass almost no environment (no LANG): our streams are bytes, and
     # texts we print on stderr must not depend on the locale.
     sys.stderr.reconfigure(encoding="utf-8", errors="replace")
-    session = Session(Tools(settings), Channel())
+    tools = Tools(settings)
+    session = Session(tools, Channel())
+    if tools.background is not None:
+        tools.background.start_sweeping()
     code = session.run()
     sys.stderr.flush()
     os._exit(code)  # daemon threads may still hold a killed call; do not wait for them

@@ -324,11 +324,10 @@ class Supervisor:
 
     def tell(self):
         """Step 9: tell the conversation through the way in (§4)."""
-        try:
-            from . import telling
-        except ImportError:
-            return  # the way in is not part of this version yet: a sweep tells later
-        telling.tell_from_supervisor(self.state, self.id, self.record, self.log)
+        from . import telling
+
+        telling.tell_from_supervisor(self.state, self.id, self.record, self.log, self.wake_r,
+                                     stopping=lambda: self.signalled is not None)
 
     def log(self, text: str):
         print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)

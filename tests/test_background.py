@@ -37,7 +37,7 @@ def state(tmp_path):
             records.write_stop(str(folder), command_id, "stopped")
             left.append(command_id)
     for command_id in left:
-        wait_for(lambda: not records.is_held(str(folder), command_id), timeout=10,
+        wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=10,
                  what=f"the supervisor of {command_id} to end")
 
 
@@ -122,7 +122,7 @@ def test_a_program_that_ignores_term_is_killed_two_seconds_after(bg, state):
     wait_for(lambda: b"ready" in read_all(bg, command_id), what="the program to be ready")
     started = time.monotonic()
     result = bg.call("stop", {"id": command_id}, meta=META)
-    assert 1.5 < time.monotonic() - started < 4.5
+    assert 1.5 < time.monotonic() - started < 8  # TERM, 2 s of grace, KILL; slack for a loaded machine
     assert result["structuredContent"]["state"] == "stopped"
     assert result["structuredContent"]["signal"] == "SIGKILL"
 

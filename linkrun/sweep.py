@@ -1,0 +1,258 @@
+"""Recovery after a crash (`sweep`), the agent stopping (`stop --state`), and
+the agent's removal (`remove --state`).
+
+A record's lock that a sweep can take means its supervisor is gone: the
+kernel released the flock however it died. Each command here is safe at any
+time, twice, or beside a running serve or sweep.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import sys
+import time
+
+from . import records, telling
+from .config import AGENT_ID, check_way_in, split_flags
+from .errors import UsageError
+
+STOP_WAIT = 10.0
+
+
+def log(text: str):
+    print(f"lnk-link-run sweep: {text}", file=sys.stderr, flush=True)
+
+
+# -- sweep ----------------------------------------------------------------------
+
+
+def main_sweep(argv: list[str]) -> int:
+    flags, _ = split_flags(argv, {"--state", "--way-in", "--as", "--keyring"}, set(), set())
+    positional = [a for a in argv if not a.startswith("--") and a not in flags.values()]
+    state = flags.get("--state") or (positional[0] if positional else None)
+    if not state:
+        raise UsageError("sweep needs the state folder", "lnk-link-run sweep <state> [--way-in A --as ID [--keyring DIR]]")
+    override = None
+    if "--way-in" in flags:
+        check_way_in(str(flags["--way-in"]))
+        agent = str(flags.get("--as") or "")
+        if not AGENT_ID.match(agent):
+            raise UsageError("--way-in needs --as <agent id>")
+        keyring = flags.get("--keyring") or os.environ.get("LINK_KEYRING") or os.path.expanduser("~/.link/keyring")
+        override = telling.WayIn(str(flags["--way-in"]), agent, os.path.abspath(str(keyring)))
+    sweep(os.path.abspath(str(state)), override)
+    return 0
+
+
+def sweep(state: str, override: telling.WayIn | None = None) -> dict:
+    """One pass over the state folder; returns counts, for tests and logs."""
+    counts = {"ended": 0, "told": 0, "removed": 0}
+    if not os.path.isdir(state):
+        return counts
+    try:
+        lock = os.open(os.path.join(state, "sweep.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        return counts  # removed meanwhile
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        return counts  # another sweep runs
+    try:
+        reachable = [True]  # one unreachable way in stops the telling for this run
+        for command_id in records.ids(state):
+            sweep_record(state, command_id, override, reachable, counts)
+    finally:
+        os.close(lock)
+    return counts
+
+
+def sweep_record(state: str, command_id: str, override: telling.WayIn | None = None,
+                 reachable: list | None = None, counts: dict | None = None) -> None:
+    """Mend one record whose supervisor is gone; nothing when its lock is held."""
+    counts = counts if counts is not None else {"ended": 0, "told": 0, "removed": 0}
+    reachable = reachable if reachable is not None else [True]
+    fd = records.try_lock(state, command_id)
+    if fd is None:
+        return
+    try:
+        record = records.load(state, command_id)
+        if record is None:
+            return
+        if record["state"] in records.RUNNING_STATES:
+            end_abandoned(state, record)
+            counts["ended"] += 1
+        if record.get("told") in ("untold", "telling") and reachable[0]:
+            outcome = tell(state, record, override)
+            if outcome == "told":
+                counts["told"] += 1
+            elif outcome == "not reached":
+                reachable[0] = False
+        if record.get("told") in ("told", "given up", "no way in") and expired(record):
+            remove_files(state, record)
+            counts["removed"] += 1
+    finally:
+        os.close(fd)
+
+
+def end_abandoned(state: str, record: dict) -> None:
+    """A record whose supervisor died: `starting` never ran, `running` was lost."""
+    if record["state"] == "starting":
+        record.update(state="failed to start", ended=records.now())
+    else:
+        kill_if_own(record)
+        record.update(state="lost", ended=last_sign_of_life(state, record))
+        record["lost_at_least"] = True
+    if record.get("told") != "no way in":
+        record["told"] = "untold"
+    records.write(state, record["id"], record)
+    log(f"{record['id']}: its supervisor is gone: {record['state']}")
+
+
+def kill_if_own(record: dict) -> None:
+    """Kill what is left of its group only when it is surely its own: the same
+    boot, and its leader the recorded process or gone."""
+    group, leader = record.get("group"), record.get("leader_pid")
+    if not group or not leader:
+        return
+    if record.get("boot_id") != records.boot_id():
+        return  # another boot: those numbers mean other processes now
+    start = records.process_start(leader)
+    if start is not None and start != record.get("leader_start"):
+        return  # the pid was reused by a stranger, who may lead that group now
+    try:
+        os.killpg(group, signal.SIGKILL)
+        log(f"{record['id']}: killed what was left of group {group}")
+    except ProcessLookupError:
+        pass
+
+
+def last_sign_of_life(state: str, record: dict) -> float:
+    times = []
+    for where in (records.path(state, record["id"], ".json"),
+                  os.path.join(record["files"], "background", f"{record['id']}.out")):
+        try:
+            times.append(os.stat(where, follow_symlinks=False).st_mtime)
+        except OSError:
+            pass
+    return min(max(times), records.now()) if times else records.now()
+
+
+def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
+    """A sweep's attempt, in its own ten-minute window."""
+    now = records.now()
+    if record.get("sweep_first_try") is None:
+        record["sweep_first_try"] = now
+    way_in = override or telling.WayIn.of(record)
+    delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"))
+    if delivery.outcome == "not reached" and now - min(record["sweep_first_try"], now) >= telling.WINDOW:
+        record["told"] = "given up"
+        records.write(state, record["id"], record)
+        log(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
+        return "given up"
+    return delivery.outcome
+
+
+def expired(record: dict) -> bool:
+    ended = record.get("ended")
+    if ended is None:
+        return False
+    return min(ended, records.now()) + record.get("keep", 0) <= records.now()
+
+
+def remove_files(state: str, record: dict) -> None:
+    """A record's files, its output, then its lock last (the caller holds it)."""
+    command_id = record["id"]
+    for suffix in records.SUFFIXES:
+        _unlink(records.path(state, command_id, suffix))
+    try:
+        from .outfile import open_background
+
+        folder = open_background(record["files"])
+    except OSError:
+        folder = None
+    if folder is not None:
+        for name in (f"{command_id}.out", f"{command_id}.out.next"):
+            try:
+                os.unlink(name, dir_fd=folder)
+            except FileNotFoundError:
+                pass
+        os.close(folder)
+    _unlink(records.path(state, command_id, ".lock"))
+
+
+def _unlink(path: str):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# -- stop and remove --------------------------------------------------------------
+
+
+def _state_flag(argv: list[str], command: str) -> str:
+    flags, _ = split_flags(argv, {"--state"}, set(), set())
+    if "--state" not in flags:
+        raise UsageError(f"{command} needs --state <dir>")
+    return os.path.abspath(str(flags["--state"]))
+
+
+def stop_all(state: str, reason: str) -> list[str]:
+    """Stop files for every running command; wait until each has ended."""
+    running = []
+    for command_id in records.ids(state):
+        record = records.load(state, command_id)
+        if record and record["state"] in records.RUNNING_STATES and records.is_held(state, command_id):
+            records.write_stop(state, command_id, reason)
+            running.append(command_id)
+    deadline = time.monotonic() + STOP_WAIT
+    for command_id in running:
+        while time.monotonic() < deadline:
+            record = records.load(state, command_id)
+            if record is None or record["state"] not in records.RUNNING_STATES or not records.is_held(state, command_id):
+                break
+            time.sleep(0.005)  # the supervisors end within the 2 s of their TERM-then-KILL
+    return running
+
+
+def main_stop(argv: list[str]) -> int:
+    state = _state_flag(argv, "stop")
+    if not os.path.isdir(state):
+        return 0
+    stopped = stop_all(state, "agent stopping")
+    print(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back",
+          file=sys.stderr)
+    return 0
+
+
+def main_remove(argv: list[str]) -> int:
+    state = _state_flag(argv, "remove")
+    if not os.path.isdir(state):
+        return 0
+    # Under start.lock: no start can slip in between the mark and the stop.
+    lock = os.open(os.path.join(state, "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(os.path.join(state, "removed"), "w") as f:
+            f.write(f"{records.now():.3f}\n")
+    finally:
+        os.close(lock)
+    # As the agent stopping: they end lost and untold, and no supervisor
+    # lingers telling an agent that is going away.
+    stop_all(state, "agent stopping")
+    for command_id in records.ids(state):
+        fd = records.try_lock(state, command_id)
+        if fd is None:
+            continue
+        try:
+            record = records.load(state, command_id)
+            if record:
+                remove_files(state, record)
+        finally:
+            os.close(fd)
+    shutil.rmtree(state, ignore_errors=True)
+    return 0

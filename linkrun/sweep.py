@@ -30,9 +30,11 @@ def log(text: str):
 
 
 def main_sweep(argv: list[str]) -> int:
+    positional = None
+    if argv and not argv[0].startswith("--"):
+        positional, argv = argv[0], argv[1:]
     flags, _ = split_flags(argv, {"--state", "--way-in", "--as", "--keyring"}, set(), set())
-    positional = [a for a in argv if not a.startswith("--") and a not in flags.values()]
-    state = flags.get("--state") or (positional[0] if positional else None)
+    state = flags.get("--state") or positional
     if not state:
         raise UsageError("sweep needs the state folder", "lnk-link-run sweep <state> [--way-in A --as ID [--keyring DIR]]")
     override = None
@@ -202,7 +204,9 @@ def _state_flag(argv: list[str], command: str) -> str:
 
 
 def stop_all(state: str, reason: str) -> list[str]:
-    """Stop files for every running command; wait until each has ended."""
+    """Stop files for every running command; wait until each supervisor has
+    exited (a command stopped this way ends lost and is not told now, so its
+    supervisor exits right after recording the end)."""
     running = []
     for command_id in records.ids(state):
         record = records.load(state, command_id)
@@ -212,8 +216,7 @@ def stop_all(state: str, reason: str) -> list[str]:
     deadline = time.monotonic() + STOP_WAIT
     for command_id in running:
         while time.monotonic() < deadline:
-            record = records.load(state, command_id)
-            if record is None or record["state"] not in records.RUNNING_STATES or not records.is_held(state, command_id):
+            if not records.is_held(state, command_id):
                 break
             time.sleep(0.005)  # the supervisors end within the 2 s of their TERM-then-KILL
     return running

@@ -1,0 +1,367 @@
+"""Told once, swept after a crash: real supervisors, a real stand-in way in,
+real sweeps, real signals."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import SERVER, clean_env, pid_alive, serve_argv, text_of, wait_for
+
+from linkrun import records
+
+META = {"link.local/thread": "conversation-1", "link.local/hops": 1}
+AGENT = "test-agent"
+
+
+class WayIn:
+    """`lnk-link-run way-in` in a process of its own; its messages, one JSON line each."""
+
+    def __init__(self, keyring: Path, *flags: str, address: str = "http://127.0.0.1:0/in"):
+        self.process = subprocess.Popen(SERVER + ["way-in", "--listen", address, "--keyring", str(keyring), *flags],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+        line = self.process.stderr.readline().decode()
+        assert line.startswith("listening on "), line
+        self.address = line.split("listening on ", 1)[1].strip()
+        self.messages: queue.Queue = queue.Queue()
+        self.received: list[dict] = []
+        self.readers = [threading.Thread(target=self._read, daemon=True),
+                        threading.Thread(target=self.process.stderr.read, daemon=True)]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            message = orjson.loads(line)
+            self.received.append(message)
+            self.messages.put(message)
+
+    def next(self, timeout=15.0) -> dict:
+        return self.messages.get(timeout=timeout)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        for reader in self.readers:
+            reader.join(timeout=5)
+        self.process.stdout.close()
+        self.process.stderr.close()
+
+
+@pytest.fixture
+def keyring(tmp_path):
+    folder = tmp_path / "keyring"
+    folder.mkdir(mode=0o700)
+    key = folder / f"{AGENT}.key"
+    key.write_bytes(os.urandom(32).hex().encode() + b"\n")
+    key.chmod(0o600)
+    return folder
+
+
+@pytest.fixture
+def ways_in(keyring):
+    started: list[WayIn] = []
+
+    def start(*flags, address="http://127.0.0.1:0/in"):
+        way_in = WayIn(keyring, *flags, address=address)
+        started.append(way_in)
+        return way_in
+
+    yield start
+    for way_in in started:
+        way_in.stop()
+
+
+@pytest.fixture
+def state(tmp_path):
+    folder = tmp_path / "state"
+    yield folder
+    for command_id in records.ids(str(folder)):
+        if records.is_held(str(folder), command_id):
+            records.write_stop(str(folder), command_id, "agent stopping")
+    for command_id in records.ids(str(folder)):
+        wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=15,
+                 what=f"the supervisor of {command_id} to end")
+
+
+def told_argv(files, state, keyring, address, keep="1d", timeout="1h"):
+    return serve_argv(files, "--state", str(state), "--way-in", address, "--as", AGENT, "--keyring", str(keyring),
+                      "--background", "4", "--background-timeout", timeout, "--background-output", "16M",
+                      "--background-keep", keep, "--background-per-day", "100", "--hops", "4")
+
+
+def start(server, **arguments) -> str:
+    result = server.call("start", arguments, meta=META)
+    assert "isError" not in result, text_of(result)
+    return result["structuredContent"]["id"]
+
+
+def wait_record(state, command_id, condition, what, timeout=15):
+    return wait_for(lambda: (r := records.load(str(state), command_id)) and condition(r) and r,
+                    timeout=timeout, what=what)
+
+
+def sweep(state, *flags) -> subprocess.CompletedProcess:
+    done = subprocess.run(SERVER + ["sweep", str(state), *flags], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def supervisor_of(gate: int) -> int:
+    return int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("script, state_name, words", [
+    ("echo done; exit 3", "exited", "exited with status 3"),
+    ("kill -KILL $$", "exited", "was killed by SIGKILL"),
+])
+def test_told_exactly_once_with_a_valid_signature_for_each_end(servers, files, state, keyring, ways_in,
+                                                               script, state_name, words):
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, way_in.address))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", script])
+    message = way_in.next()
+    assert message["from"] == f"run:{command_id}" and message["agent"] == AGENT
+    assert message["thread"] == "conversation-1" and message["hops"] == 2
+    assert message["state"] == state_name and words in message["text"]
+    if "echo" in script:
+        assert f"-----BEGIN OUTPUT {command_id}-----\ndone\n-----END OUTPUT {command_id}-----" in message["text"]
+    wait_record(state, command_id, lambda r: r["told"] == "told", "told")
+    sweep(state, "--way-in", way_in.address, "--as", AGENT, "--keyring", str(keyring))
+    assert way_in.messages.empty()
+    assert len([m for m in way_in.received if m["id"] == command_id]) == 1
+
+
+def test_a_timeout_and_a_stop_are_told(servers, files, state, keyring, ways_in):
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, way_in.address, timeout="1"))
+    server.initialize()
+    timed = start(server, program="sleep", args=["100"])
+    assert "timed out after 1s" in way_in.next()["text"]
+    stopped = start(server, program="sleep", args=["100"])
+    wait_record(state, stopped, lambda r: r["state"] == "running", "running")
+    result = server.call("stop", {"id": stopped}, meta=META)
+    assert result["structuredContent"]["state"] == "stopped"
+    message = way_in.next()
+    assert message["id"] == stopped and "was stopped" in message["text"]
+    assert timed != stopped
+
+
+def test_the_way_in_down_at_the_end_and_back_soon_is_told_once_by_the_supervisors_retry(
+        servers, files, state, keyring, ways_in, tmp_path):
+    socket_path = tmp_path / "way-in.sock"
+    server = servers(told_argv(files, state, keyring, f"unix:{socket_path}"))
+    server.initialize()
+    command_id = start(server, program="true")
+    wait_record(state, command_id, lambda r: r["first_try"] is not None and r["told"] == "untold", "a failed try")
+    way_in = ways_in(address=f"unix:{socket_path}")
+    message = way_in.next(timeout=20)
+    assert message["id"] == command_id
+    wait_record(state, command_id, lambda r: r["told"] == "told", "told")
+    assert len(way_in.received) == 1
+
+
+def test_the_way_in_down_past_the_window_is_told_by_a_later_sweep(servers, files, state, keyring, ways_in, tmp_path):
+    socket_path = tmp_path / "way-in.sock"
+    env = clean_env(LNK_TELL_WINDOW="1")  # the supervisor's ten minutes, shortened
+    server = servers(told_argv(files, state, keyring, f"unix:{socket_path}"), env=env)
+    server.initialize()
+    command_id = start(server, program="true")
+    wait_for(lambda: records.load(str(state), command_id)["state"] == "exited"
+             and not records.is_held(str(state), command_id), timeout=20, what="the supervisor to leave it untold")
+    assert records.load(str(state), command_id)["told"] == "untold"
+    way_in = ways_in(address=f"unix:{socket_path}")
+    sweep(state)
+    assert way_in.next()["id"] == command_id
+    assert records.load(str(state), command_id)["told"] == "told"
+
+
+def test_a_sweep_gives_up_ten_minutes_after_its_first_try(servers, files, state, keyring, tmp_path):
+    socket_path = tmp_path / "nobody.sock"
+    server = servers(told_argv(files, state, keyring, f"unix:{socket_path}"), env=clean_env(LNK_TELL_WINDOW="1"))
+    server.initialize()
+    command_id = start(server, program="true")
+    wait_for(lambda: not records.is_held(str(state), command_id) and records.load(str(state), command_id)["state"] == "exited",
+             timeout=20, what="the supervisor to leave it untold")
+    sweep(state)
+    record = records.load(str(state), command_id)
+    assert record["told"] == "untold" and record["sweep_first_try"] is not None
+    # The test clock: the first sweep's try was eleven minutes ago.
+    record["sweep_first_try"] -= 660
+    records.write(str(state), command_id, record)
+    sweep(state)
+    assert records.load(str(state), command_id)["told"] == "given up"
+
+
+def test_a_final_refusal_is_given_up_never_told(servers, files, state, keyring, ways_in):
+    way_in = ways_in("--status", "403")
+    server = servers(told_argv(files, state, keyring, way_in.address))
+    server.initialize()
+    command_id = start(server, program="true")
+    wait_record(state, command_id, lambda r: r["told"] == "given up", "given up")
+
+
+def test_a_supervisor_killed_mid_send_is_sent_again_and_delivered_once(servers, files, state, keyring, ways_in):
+    slow = ways_in("--delay", "30")
+    server = servers(told_argv(files, state, keyring, slow.address))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "echo bye"])
+    record = wait_record(state, command_id, lambda r: r["told"] == "telling", "telling")
+    supervisor = supervisor_of_record(state, record)
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
+    assert records.load(str(state), command_id)["told"] == "telling"
+    way_in = ways_in()
+    sweep(state, "--way-in", way_in.address, "--as", AGENT, "--keyring", str(keyring))
+    assert way_in.next()["id"] == command_id
+    assert records.load(str(state), command_id)["told"] == "told"
+
+
+def supervisor_of_record(state, record) -> int:
+    # The supervisor's pid is in its log's lines? No: find the process holding the lock.
+    lock = records.path(str(state), record["id"], ".lock")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == lock:
+                    return int(pid)
+        except OSError:
+            continue
+    raise AssertionError("no process holds the lock")
+
+
+def test_a_killed_supervisor_is_swept_lost_its_leftovers_killed_and_told_once(servers, files, state, keyring, ways_in):
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, way_in.address))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "sleep 100 & echo $! > work/left; wait"])
+    pid_file = files / "work" / "left"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the leftover")
+    leftover = int(pid_file.read_text())
+    record = records.load(str(state), command_id)
+    os.kill(supervisor_of(record["leader_pid"]), signal.SIGKILL)
+    wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
+    assert pid_alive(leftover)  # outside the gate's death signal, still in its group
+    sweep(state)
+    assert not pid_alive(leftover)
+    swept = records.load(str(state), command_id)
+    assert swept["state"] == "lost" and swept["told"] == "told"
+    message = way_in.next()
+    assert message["id"] == command_id and "was lost" in message["text"]
+    sweep(state)
+    assert way_in.messages.empty()
+
+
+def test_a_group_that_now_belongs_to_a_stranger_is_not_killed(state, tmp_path, files):
+    stranger = subprocess.Popen(["sleep", "100"], process_group=0)
+    try:
+        records.ensure_state(str(state))
+        for leader_start, boot in ((1, records.boot_id()), (records.process_start(stranger.pid), "another-boot")):
+            command_id = records.new_id()
+            lock = records.create_lock(str(state), command_id)
+            os.close(lock)
+            records.write(str(state), command_id, {
+                "v": 1, "id": command_id, "files": str(files), "state": "running", "group": stranger.pid,
+                "leader_pid": stranger.pid, "leader_start": leader_start, "boot_id": boot, "told": "no way in",
+                "started": time.time() - 5, "ended": None, "keep": 86400, "output": 16384,
+            })
+            sweep(state)
+            assert records.load(str(state), command_id)["state"] == "lost"
+            assert stranger.poll() is None, "a stranger was killed"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_starting_record_whose_supervisor_died_is_failed_to_start(state, files):
+    records.ensure_state(str(state))
+    command_id = records.new_id()
+    os.close(records.create_lock(str(state), command_id))
+    records.write(str(state), command_id, {"v": 1, "id": command_id, "files": str(files), "state": "starting",
+                                           "told": "no way in", "started": time.time(), "keep": 86400})
+    sweep(state)
+    assert records.load(str(state), command_id)["state"] == "failed to start"
+
+
+def test_records_past_their_keep_are_removed_with_their_output(servers, files, state, keyring, ways_in):
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, way_in.address, keep="1"))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "echo x"])
+    way_in.next()
+    wait_for(lambda: not records.is_held(str(state), command_id), what="the supervisor to exit")
+    output = files / "background" / f"{command_id}.out"
+    assert output.exists()
+    wait_for(lambda: sweep(state) and not records.path(str(state), command_id, ".json") in map(str, state.iterdir()),
+             timeout=10, interval=0.3, what="the record to be removed")
+    assert not output.exists()
+    assert not [p for p in state.iterdir() if p.name.startswith(command_id)]
+
+
+def test_stop_state_leaves_them_lost_and_a_new_serve_tells_each_once(servers, files, state, keyring, ways_in):
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, way_in.address))
+    server.initialize()
+    ids = [start(server, program="sleep", args=["100"]) for _ in range(3)]
+    for command_id in ids:
+        wait_record(state, command_id, lambda r: r["state"] == "running", "running")
+    started = time.monotonic()
+    done = subprocess.run(SERVER + ["stop", "--state", str(state)], capture_output=True, timeout=30, env=clean_env())
+    assert done.returncode == 0
+    assert time.monotonic() - started < 5
+    for command_id in ids:
+        record = records.load(str(state), command_id)
+        assert (record["state"], record["told"]) == ("lost", "untold")
+    assert way_in.messages.empty()
+    server.close()
+    again = servers(told_argv(files, state, keyring, way_in.address))
+    again.initialize()
+    told = {way_in.next()["id"] for _ in ids}
+    assert told == set(ids)
+    wait_for(lambda: all(records.load(str(state), i)["told"] == "told" for i in ids), what="all told")
+    assert len(way_in.received) == 3
+
+
+def test_two_sweeps_at_once_never_double_tell(servers, files, state, keyring, ways_in):
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, "http://127.0.0.1:9/nobody"), env=clean_env(LNK_TELL_WINDOW="0"))
+    server.initialize()
+    ids = [start(server, program="true") for _ in range(4)]
+    wait_for(lambda: all(not records.is_held(str(state), i) and records.load(str(state), i)["state"] == "exited"
+                         for i in ids), timeout=20, what="all ended untold")
+    flags = ["--way-in", way_in.address, "--as", AGENT, "--keyring", str(keyring)]
+    sweeps = [subprocess.Popen(SERVER + ["sweep", str(state), *flags], env=clean_env()) for _ in range(3)]
+    for process in sweeps:
+        assert process.wait(timeout=60) == 0
+    sweep(state, *flags)
+    assert sorted(m["id"] for m in way_in.received) == sorted(ids)
+
+
+def test_remove_stops_everything_and_refuses_later_starts(servers, files, state, keyring, ways_in):
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, way_in.address))
+    server.initialize()
+    command_id = start(server, program="sleep", args=["100"])
+    gate = wait_record(state, command_id, lambda r: r["state"] == "running", "running")["leader_pid"]
+    done = subprocess.run(SERVER + ["remove", "--state", str(state)], capture_output=True, timeout=30, env=clean_env())
+    assert done.returncode == 0
+    assert not pid_alive(gate)
+    assert not state.exists()
+    assert not (files / "background" / f"{command_id}.out").exists()
+    result = server.call("start", {"program": "true"}, meta=META)
+    # The state folder is made anew for a later start: removal is of what was there.
+    assert "isError" not in result or "removed" in text_of(result)
+    again = subprocess.run(SERVER + ["remove", "--state", str(state)], capture_output=True, timeout=30, env=clean_env())
+    assert again.returncode == 0

@@ -168,13 +168,14 @@ class Background:
                 f.write(f"{record['started']:.3f}\n")
         return {"id": command_id, "output": f"background/{command_id}.out"}
 
-    def background_folder(self) -> int:
+    def background_folder(self, create: bool = True) -> int:
         """`background/` of the files folder: made with mkdirat, never a link."""
         files_fd = self.files_fd()
-        try:
-            os.mkdir("background", 0o755, dir_fd=files_fd)
-        except FileExistsError:
-            pass
+        if create:
+            try:
+                os.mkdir("background", 0o755, dir_fd=files_fd)
+            except FileExistsError:
+                pass
         try:
             return beneath.open_folder(files_fd, "background")
         except beneath.NotBeneath as problem:
@@ -354,7 +355,7 @@ class Background:
 
     def read_once(self, command_id: str, offset: int | None) -> dict:
         """One consistent look at the output file and its record."""
-        background_fd = self.background_folder()
+        background_fd = self.background_folder(create=False)
         try:
             for _ in range(20):
                 try:

@@ -66,14 +66,16 @@ def check_relative_folder(flag: str, text: str) -> str:
 
 
 def check_way_in(text: str) -> str:
-    if text.startswith("unix:") and len(text) > len("unix:"):
-        return text
-    if re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}(/[^\s]*)?", text):
-        return text
-    raise UsageError(
-        f"--way-in {text!r} is not an address",
-        "give http://127.0.0.1:<port>/<path> or unix:<socket path>",
-    )
+    """The sender's own rules, so that serve never starts with a way in it cannot reach."""
+    from .errors import LinkRunError
+    from .wayin import parse_address
+
+    try:
+        parse_address(text)
+    except LinkRunError as problem:
+        raise UsageError(f"--way-in: {problem.message}", problem.hint or
+                         "give http://127.0.0.1:<port>/<path> or unix:<absolute socket path>") from None
+    return text
 
 
 @dataclass(frozen=True)

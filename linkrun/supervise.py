@@ -66,9 +66,9 @@ class Supervisor:
             signal.signal(number, on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
-        # 2. Watch for the stop file, then look once: a stop before the watch is not lost.
         self.stop_path = records.path(self.state, self.id, ".stop")
-        self.observer = self.watch_stop()
+        self.observer = None
+        self.poll_every = None
         from .outfile import OutputFile
         try:
             self.output = OutputFile.create(record["files"], self.id, record["background_output"],
@@ -103,6 +103,12 @@ class Supervisor:
         os.write(self.control, b"G")
         os.close(self.control)
         self.began = boottime()
+        # 2. Watch for the stop file, then look once: a stop that came before
+        # the watch is not lost. Set up after `G`, not before step 3 as the
+        # design orders it: importing watchdog takes longer than everything
+        # else here, and the check after the watch is what keeps a stop from
+        # being lost, so the program need not wait for it.
+        self.observer = self.watch_stop()
         try:
             return self.loop()
         except Exception:

@@ -304,7 +304,7 @@ def test_records_past_their_keep_are_removed_with_their_output(servers, files, s
     wait_for(lambda: not records.is_held(str(state), command_id), what="the supervisor to exit")
     output = files / "background" / f"{command_id}.out"
     assert output.exists()
-    wait_for(lambda: sweep(state) and not records.path(str(state), command_id, ".json") in map(str, state.iterdir()),
+    wait_for(lambda: sweep(state) and records.path(str(state), command_id, ".json") not in map(str, state.iterdir()),
              timeout=10, interval=0.3, what="the record to be removed")
     assert not output.exists()
     assert not [p for p in state.iterdir() if p.name.startswith(command_id)]

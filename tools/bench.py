@@ -173,7 +173,194 @@ def foundation(files: str):
             f"bytes={structured['output_bytes']} cut={kept}")
 
 
-GROUPS = {"foundation": foundation}
+def background_argv(files: str, state: str, output="16M", extra=("--no-way-in",)) -> list[str]:
+    argv = serve_argv(files)[:-2]  # without "--" and the sandbox
+    return argv + ["--state", state, *extra, "--background", "4", "--background-timeout", "1h",
+                   "--background-output", output, "--background-keep", "1d", "--background-per-day", "100000",
+                   "--hops", "4", "--", "/usr/bin/env"]
+
+
+META = {"link.local/thread": "bench"}
+
+
+def call(server: Server, request_id, name, arguments):
+    server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                 "params": {"name": name, "arguments": arguments, "_meta": META}})
+    return server.wait(request_id)[1]["result"]
+
+
+def wait_until(condition, timeout=30.0):
+    deadline = time.perf_counter() + timeout
+    while not condition():
+        if time.perf_counter() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.0005)
+    return time.perf_counter()
+
+
+def load_record(state: str, command_id: str) -> dict | None:
+    try:
+        with open(os.path.join(state, command_id + ".json"), "rb") as f:
+            return orjson.loads(f.read())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def background(files: str):
+    print("background: start, stop, the supervisor, the output file, read")
+    state = tempfile.mkdtemp(prefix="state-", dir=os.path.dirname(files))
+    server = Server(background_argv(files, state))
+    server.send(INIT)
+    server.wait(0)
+    answered, running, direct = [], [], []
+    work = os.path.join(files, "work")
+    for index in range(1, 21):
+        marker = os.path.join(work, f"ran-{index}")
+        t = time.perf_counter()
+        subprocess.run(["sh", "-c", f": > {marker}.direct"], check=True)
+        direct.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        result = call(server, index, "start", {"program": "sh", "args": ["-c", f": > {marker}"]})
+        answered.append(time.perf_counter() - t)
+        done = wait_until(lambda marker=marker: os.path.exists(marker))
+        running.append(done - t - answered[-1])
+        wait_until(lambda r=result: (load_record(state, r["structuredContent"]["id"]) or {}).get("state") == "exited")
+    row("start answered (median)", f"{median_ms(answered):.1f} ms", "target ≤ 20 ms")
+    row("  the program running, after the answer (median)", f"{median_ms(running):.1f} ms", "target ≤ 150 ms",
+        f"the same program run directly: {median_ms(direct):.1f} ms")
+
+    stops, rss = [], []
+    for index in range(100, 110):
+        result = call(server, index, "start", {"program": "sleep", "args": ["100"]})
+        command_id = result["structuredContent"]["id"]
+        wait_until(lambda command_id=command_id: (load_record(state, command_id) or {}).get("state") == "running")
+        record = load_record(state, command_id)
+        gate = record["leader_pid"]
+        with open(f"/proc/{gate}/stat") as f:
+            supervisor = int(f.read().rsplit(")", 1)[1].split()[1])
+        rss.append(status_kb(supervisor, "VmRSS") / 1024)
+        t = time.perf_counter()
+        call(server, index + 1000, "stop", {"id": command_id})
+        stops.append(wait_until(lambda gate=gate: gone(gate)) - t)
+    row("stop → its group gone (median)", f"{median_ms(stops):.1f} ms", "target ≤ 100 ms")
+    row("supervisor RSS while it runs (median)", f"{statistics.median(rss):.1f} MB", "target ≤ 20 MB")
+
+    # The pump, rotating at twice 16 MiB, against the same bytes written to a file by the shell.
+    t = time.perf_counter()
+    subprocess.run(["sh", "-c", f"head -c 1073741824 /dev/zero > {work}/direct.out"], check=True)
+    baseline = time.perf_counter() - t
+    os.unlink(f"{work}/direct.out")
+    t = time.perf_counter()
+    result = call(server, 200, "start", {"program": "head", "args": ["-c", "1073741824", "/dev/zero"]})
+    command_id = result["structuredContent"]["id"]
+    wait_until(lambda: (load_record(state, command_id) or {}).get("state") == "exited", timeout=120)
+    elapsed = time.perf_counter() - t
+    row("1 GiB through the pump, rotating at 32 MiB", f"{1024 / elapsed:.0f} MB/s", "target ≥ 500 MB/s",
+        f"head > file: {1024 / baseline:.0f} MB/s ({baseline / elapsed:.2f}×)")
+    server.close()
+
+    # read: 64 KiB at random offsets of a 16 MiB output.
+    argv = background_argv(files, state)
+    argv[argv.index("--output") + 1] = "64K"
+    server = Server(argv)
+    server.send(INIT)
+    server.wait(0)
+    result = call(server, 1, "start", {"program": "sh", "args": ["-c", "base64 -w 100 /dev/urandom | head -c 16777216"]})
+    command_id = result["structuredContent"]["id"]
+    wait_until(lambda: (load_record(state, command_id) or {}).get("state") == "exited")
+    import random
+
+    reads, pings = [], []
+    for index in range(2, 202):
+        offset = random.randrange(0, 16 * 1024 * 1024 - 65536)
+        t = time.perf_counter()
+        server.send({"jsonrpc": "2.0", "id": index, "method": "ping"})
+        server.wait(index)
+        pings.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        call(server, index + 1000, "read", {"id": command_id, "offset": offset})
+        reads.append(time.perf_counter() - t)
+    row("read of 64 KiB at a random offset of 16 MiB", f"{median_ms(reads):.2f} ms", "target ≤ 2 ms",
+        f"a ping round trip: {median_ms(pings):.2f} ms")
+    server.close()
+    subprocess.run(SERVER + ["remove", "--state", state], check=True)
+
+
+def told(files: str):
+    print("told: the way in, sweeps, stop --state")
+    scratch = os.path.dirname(files)
+    keyring = tempfile.mkdtemp(prefix="keyring-", dir=scratch)
+    key = os.path.join(keyring, "bench.key")
+    with open(key, "w") as f:
+        f.write(os.urandom(16).hex())
+    os.chmod(key, 0o600)
+    listener = subprocess.Popen(SERVER + ["way-in", "--listen", "http://127.0.0.1:0/in", "--keyring", keyring],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    address = listener.stderr.readline().decode().split("listening on ", 1)[1].strip()
+    state = tempfile.mkdtemp(prefix="state-", dir=scratch)
+    server = Server(background_argv(files, state, extra=("--way-in", address, "--as", "bench", "--keyring", keyring)))
+    server.send(INIT)
+    server.wait(0)
+    delays = []
+    for index in range(1, 11):
+        call(server, index, "start", {"program": "true"})
+        message = orjson.loads(listener.stdout.readline())
+        arrived = time.time()
+        record = load_record(state, message["id"])
+        delays.append(arrived - record["ended"])
+    row("told after the end (median)", f"{median_ms(delays):.1f} ms", "target ≤ 50 ms")
+
+    # stop --state with 4 running.
+    for index in range(20, 24):
+        call(server, index, "start", {"program": "sleep", "args": ["100"]})
+    t = time.perf_counter()
+    subprocess.run(SERVER + ["stop", "--state", state], check=True, stderr=subprocess.DEVNULL)
+    row("stop --state with 4 running: all ended", f"{(time.perf_counter() - t) * 1000:.0f} ms", "target ≤ 500 ms",
+        "including one interpreter start")
+    server.close()
+    listener.terminate()
+    listener.wait()
+
+    # 1,000 ended records: a sweep of them, and serve's start beside them.
+    big = tempfile.mkdtemp(prefix="state-", dir=scratch)
+    sys.path.insert(0, str(REPO))
+    from linkrun import records
+
+    for _ in range(1000):
+        command_id = records.new_id()
+        os.close(records.create_lock(big, command_id))
+        records.write(big, command_id, {"v": 1, "id": command_id, "files": files, "state": "exited", "exit": 0,
+                                        "signal": None, "told": "told", "started": time.time() - 10,
+                                        "ended": time.time() - 5, "keep": 86400, "thread": "bench"})
+    sweeps = []
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run(SERVER + ["sweep", big], check=True)
+        sweeps.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-I", "-c", "pass"], check=True)
+    bare = time.perf_counter() - t
+    row("sweep of 1,000 ended records (median)", f"{median_ms(sweeps):.0f} ms", "target ≤ 1,000 ms",
+        f"an interpreter start: {bare * 1000:.0f} ms")
+    starts = []
+    for _ in range(10):
+        server = Server(background_argv(files, big))
+        server.send(INIT)
+        answered, _ = server.wait(0)
+        starts.append(answered - server.started)
+        server.close()
+    row("spawn → initialize with 1,000 records", f"{median_ms(starts):.1f} ms", "target ≤ 100 ms")
+
+
+GROUPS = {"foundation": foundation, "background": background, "told": told}
 
 
 def main(argv: list[str]) -> int:

@@ -57,6 +57,11 @@ def main() -> int:
         return 0
     os.close(control)
     argv = spec["sandbox"] + part + ["--"] + spec["command"]
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored
+    # across exec: a `yes | head` would never end, and the file size limit
+    # would not kill. subprocess restores them for serve's calls; we must here.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     try:
         os.execvp(argv[0], argv)
     except OSError as problem:

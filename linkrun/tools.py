@@ -199,6 +199,8 @@ class Tools:
         if name == "start":
             request = self.check_run(arguments, set(_RUN_PROPERTIES))
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
+            for fd in self.call_part(request.folder)[1]:  # refused now, not in the gate
+                os.close(fd)
             answer = background.start(request, self.argv_tail(request), arguments, context.meta)
             how = ("a message from run:{id} will tell this conversation how it ended"
                    if self.settings.background.way_in else "use read with wait, or list, to learn how it ends")
@@ -256,8 +258,20 @@ class Tools:
             tail += ["/usr/bin/env"] + [f"{name}={value}" for name, value in self.settings.variables]
         return tail + [request.program, *request.args]
 
-    def argv_for(self, request: runner.Request) -> list[str]:
-        return list(self.settings.sandbox) + ["--"] + self.argv_tail(request)
+    def call_part(self, folder: str) -> tuple[list[str], list[int]]:
+        """The per-call part of the sandbox argv (write folders bound by
+        descriptor, `--chdir`), and the descriptors to pass; nothing without
+        `--write` or `--proxy` (a pass-through sandbox)."""
+        s = self.settings
+        if not (s.write or s.proxy):
+            return [], []
+        from . import percall
+
+        proxy_dir = os.path.join(s.background.state, "proxy") if s.proxy and s.background else None
+        try:
+            return percall.call_part(self._files_descriptor(), s.files, s.write, proxy_dir, folder)
+        except percall.LinkOnPath as problem:
+            raise Refused(str(problem)) from None
 
     def _command(self, arguments: dict, context: CallContext) -> ToolResult | None:
         request = self.check_run(arguments, set(_RUN_PROPERTIES) | {"timeout"})
@@ -267,8 +281,14 @@ class Tools:
             def report(total):
                 context.progress(total, None, f"{total} bytes of output so far")
         try:
-            outcome = runner.run(request, self.argv_for(request), folder_fd, (), context.cancel,
-                                 self.settings.output, report)
+            part, fds = self.call_part(request.folder)
+            try:
+                argv = list(self.settings.sandbox) + part + ["--"] + self.argv_tail(request)
+                outcome = runner.run(request, argv, folder_fd, tuple(fds), context.cancel,
+                                     self.settings.output, report)
+            finally:
+                for fd in fds:
+                    os.close(fd)
         finally:
             os.close(folder_fd)
         if outcome.cancelled:
@@ -279,7 +299,18 @@ class Tools:
         lines = [_ending(outcome, request.timeout, "start" in self.table)]
         lines += _stream_text("output", outcome.output)
         lines += _stream_text("errors", outcome.errors)
+        if self.settings.write and _refused_write(outcome):
+            writable = " and ".join(f"{w}/" for w in self.settings.write)
+            lines.append(f"[the sandbox refused a write: only {writable} of the files folder "
+                         f"{'is' if len(self.settings.write) == 1 else 'are'} writable; chats/ and background/ never]")
         return "\n".join(lines)
+
+
+def _refused_write(outcome: runner.Outcome) -> bool:
+    # EROFS is what a write to a read-only bind fails with; programs print its
+    # strerror. Only the kept bytes are looked at: cheap, and enough for a hint.
+    needle = b"Read-only file system"
+    return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
 
 
 def _check_keys(arguments: dict, allowed: set[str]):

@@ -1,0 +1,183 @@
+"""`lnk-link-run doctor`: can the sandbox run here, and what to fix.
+
+`up` runs `probe` (the agent's own sandbox, started once) before it execs
+serve, so that nothing ever runs unsandboxed because the sandbox could not
+start: it fails there, in one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+from . import agent as agent_folder
+from . import percall, sandbox
+from .config import split_flags
+from .errors import LinkRunError
+
+TROUBLESHOOTING = "docs/troubleshooting.md"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def namespaces_hint() -> str:
+    """What to do when the kernel refuses bubblewrap its namespaces, for the
+    reason this machine most likely has."""
+    if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+        return ("Ubuntu's AppArmor restricts user namespaces: give bwrap a profile that allows them "
+                f"(see 'Namespaces refused' in {TROUBLESHOOTING}) "
+                "or run: sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0")
+    if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+        return "run: sudo sysctl kernel.unprivileged_userns_clone=1 (and set it in /etc/sysctl.d to keep it)"
+    if _read("/proc/sys/user/max_user_namespaces") == "0":
+        return "run: sudo sysctl user.max_user_namespaces=15000 (and set it in /etc/sysctl.d to keep it)"
+    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
+        return ("this is a container that refuses user namespaces: run on the host, or start the "
+                "container with user namespaces allowed (its seccomp and AppArmor profiles)")
+    return f"allow unprivileged user namespaces (see 'Namespaces refused' in {TROUBLESHOOTING})"
+
+
+_NAMESPACE_WORDS = ("namespace", "uid map", "unshare", "loopback", "Operation not permitted",
+                    "Permission denied")
+
+
+def probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str]) -> None:
+    """Start the agent's sandbox once, as a call would, and check that it ran
+    in the files folder and cannot write it. Raises LinkRunError naming the fix."""
+    sh = sandbox.find_system("sh")
+    if sh is None:
+        raise LinkRunError("no sh on the system PATH", "install a shell: the sandbox is checked with it")
+    files_fd = os.open(folder.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            part, fds = percall.call_part(files_fd, folder.files, write, None, "")
+        except percall.LinkOnPath as error:
+            raise LinkRunError(str(error)) from None
+    finally:
+        os.close(files_fd)
+    # The probe writes nothing when the files folder is read-only, as it must be.
+    # `stat` tells the files folder itself from a folder of the same name
+    # that bwrap made inside because the real one was not shown.
+    script = "pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi"
+    argv = list(fixed) + part + ["--", sh, "-c", script]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=folder.files,
+                              pass_fds=fds, stdin=subprocess.DEVNULL, env={})
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LinkRunError(f"the sandbox did not start: {error}", f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    error_line = next((line for line in done.stderr.splitlines() if line.strip()), "")
+    not_visible = LinkRunError(
+        f"the files folder {folder.files} is not visible inside the sandbox",
+        "move the agent's folder (up --agent) to a place of its own, such as under your home, "
+        "outside /usr, /proc, /dev and /etc")
+    if done.returncode != 0:
+        if folder.root in error_line:  # bwrap could not make or enter it (Can't mkdir, Can't chdir)
+            raise LinkRunError(f"{not_visible.message} ({error_line})", not_visible.hint)
+        if any(word in error_line for word in _NAMESPACE_WORDS):
+            raise LinkRunError(f"the kernel refused the sandbox its namespaces ({error_line})", namespaces_hint())
+        raise LinkRunError(f"the sandbox did not start ({error_line or f'exit {done.returncode}'})",
+                           f"run lnk-link-run doctor; see {TROUBLESHOOTING}")
+    lines = done.stdout.splitlines()
+    real = os.stat(folder.files)
+    if lines[:2] != [folder.files, f"{real.st_dev}:{real.st_ino}"]:
+        raise LinkRunError(f"{not_visible.message} (it ran in {lines[0] if lines else '?'})", not_visible.hint)
+    if "writable" in lines[2:]:
+        raise LinkRunError(f"the files folder {folder.files} is writable inside the sandbox",
+                           "do not run the sandbox with capabilities; report this as a bug")
+
+
+def scope_works() -> tuple[bool, str]:
+    """Whether `systemd-run --user --scope` can put a process in a scope here."""
+    systemd_run = sandbox.find_system("systemd-run")
+    if systemd_run is None:
+        return False, "systemd-run is not installed"
+    try:
+        done = subprocess.run([systemd_run, "--user", "--scope", "--quiet", "--", "true"],
+                              capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return False, str(error)
+    if done.returncode == 0:
+        return True, "systemd-run --user --scope works"
+    return False, (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
+
+
+def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]):
+    """Each check as (level, what, fix): level is ok, warn or FAIL."""
+    folder = agent_folder.locate(agent_root)
+    if sandbox_path is None and os.path.exists(folder.sandbox_file):
+        sandbox_path = folder.sandbox_file
+    try:
+        settings = sandbox.load(sandbox_path)
+        yield "ok", f"the sandbox file: {settings.source}", ""
+    except LinkRunError as error:
+        yield "FAIL", f"the sandbox file: {error.message}", error.hint
+        return
+    try:
+        host = sandbox.host_facts()
+    except LinkRunError as error:
+        yield "FAIL", error.message, error.hint
+        return
+    yield "ok", f"bubblewrap: {host.bwrap}; prlimit: {host.prlimit}", ""
+    if host.disable_userns:
+        yield "ok", "bubblewrap has --disable-userns: no program makes a user namespace of its own", ""
+    else:
+        yield "warn", "this bubblewrap has no --disable-userns (it came in 0.8.0)", "update bubblewrap"
+    if not os.path.isdir(folder.files):
+        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
+        return
+    try:
+        fixed, kept, _ = sandbox.build(folder, settings, environ)
+        probe(fixed, folder, sandbox.write_folders(settings))
+        yield "ok", "the sandbox starts, in the files folder, which it cannot write but for its write folders", ""
+    except LinkRunError as error:
+        yield "FAIL", error.message, error.hint
+        return
+    yield "ok", f"programs offered: {', '.join(kept.kept) or 'none'}", ""
+    if kept.missing:
+        yield "warn", f"not on this machine, so not offered: {', '.join(kept.missing)}", "install them if the agent needs them"
+    for name, where in kept.hidden:
+        yield "warn", f"{name} resolves to {where}, which the sandbox does not show, so it is not offered", \
+            f"list {where} in [commands] allow to show its folder"
+    if settings.hosts:
+        yield "warn", "[internet] names hosts, but this version has no proxy: the sandbox reaches none", ""
+    count, margin = sandbox.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
+    if os.getuid() == 0:
+        yield "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
+            "run the agent as an ordinary user"
+    elif host.nproc < count + margin:
+        yield "warn", f"your user runs {count} tasks, near its hard limit of {host.nproc}: " \
+            "a call may fail to start processes", "raise the hard limit on processes (ulimit -Hu) or run fewer"
+    else:
+        yield "ok", f"the fork-bomb brake: --nproc {host.nproc} ({count} tasks now + {margin})", ""
+    works, why = scope_works()
+    if works:
+        yield "ok", "per-agent limits: serve runs in a systemd scope of its own", ""
+    else:
+        yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
+            "see docs/security.md"
+    if shutil.which("socat", path=sandbox.SYSTEM_PATH) is None and settings.hosts:
+        yield "warn", "socat is missing: the sandbox's internet relay needs it", "install socat"
+
+
+def main(argv: list[str]) -> int:
+    flags, _ = split_flags(argv, {"--agent", "--sandbox"}, set(), set())
+    environ = os.environ
+    root = str(flags.get("--agent") or agent_folder.default_root(environ))
+    failed = False
+    for level, what, fix in checks(root, flags.get("--sandbox"), environ):  # type: ignore[arg-type]
+        failed |= level == "FAIL"
+        print(f"{level:<4} {what}" + (f"\n     → {fix}" if fix else ""))
+    sys.stdout.flush()
+    return 1 if failed else 0

@@ -1,0 +1,430 @@
+"""The sandbox file → the bubblewrap argv (DESIGN.md §6).
+
+`fixed_argv` is a pure function of its inputs (the agent's folder, the
+sandbox file, the facts of this machine gathered once by `host_facts`), so
+tests read it. The per-call part (the write folders, opened through
+descriptors) is `percall.call_part`, appended by serve and the gate at each
+call; `lnk-link-run sandbox` appends it too, so that it runs exactly what a
+call would.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from . import agent as agent_folder
+from . import percall
+from .config import parse_size, split_flags
+from .errors import LinkRunError, UsageError
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Top-level system folders: on a merged-/usr system they are links into
+# /usr, replicated as links; elsewhere they are bound read-only.
+ROOT_FOLDERS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# What programs need of /etc, and no more: /etc also holds the machine's
+# secrets (shadow, ssh host keys, ssl/private, network passwords), readable by
+# a program that runs as root, as it does when the user is root.
+ETC_NAMES = (
+    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "crypto-policies",
+    "debian_version", "ethertypes", "fonts", "gai.conf", "gitconfig", "group", "host.conf",
+    "hostname", "hosts", "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    "locale.alias", "locale.conf", "localtime", "lsb-release", "magic", "magic.mime",
+    "mailcap", "manpath.config", "mime.types", "mtab", "nanorc", "networks", "npmrc",
+    "nsswitch.conf", "os-release", "passwd", "perl", "pip.conf", "pki", "profile",
+    "protocols", "redhat-release", "resolv.conf", "rpc", "services", "sgml", "shells", "ssl",
+    "system-release", "terminfo", "timezone", "vim", "wgetrc", "xml",
+)
+ETC_PATTERNS = ("java-*", "python3*", "ImageMagick-*", "*-release")
+ETC_MASKS = ("ssl/private",)  # inside a folder bound above: hidden under an empty tmpfs
+RESERVED = ("chats", "background")  # of the files folder: never writable
+
+
+@functools.cache
+def defaults() -> dict:
+    """The embedded defaults (defaults.toml beside this file)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+@dataclass(frozen=True)
+class SandboxFile:
+    """A sandbox file, checked. `source` names it in messages."""
+
+    allow: tuple[str, ...]
+    write: tuple[str, ...]
+    hosts: tuple[str, ...]
+    tmp_size: int
+    file_size: int
+    source: str
+
+
+_KEYS = {"commands": {"allow"}, "files": {"write"}, "internet": {"hosts"}, "limits": {"tmp", "file"}}
+
+
+def parse(data: Mapping, source: str) -> SandboxFile:
+    """A parsed TOML table → SandboxFile. A section left out takes the
+    embedded default (so a file with only `[files]` keeps the default
+    commands); an unknown section or key is refused, as a typo would
+    otherwise silently grant or refuse something."""
+    base = defaults()["sandbox"]
+    for section, table in data.items():
+        if section not in _KEYS or not isinstance(table, Mapping):
+            raise LinkRunError(f"{source}: unknown section [{section}]",
+                               "a sandbox file has [commands], [files], [internet] and [limits]")
+        for key in table:
+            if key not in _KEYS[section]:
+                raise LinkRunError(f"{source}: unknown key {key!r} in [{section}]",
+                                   f"[{section}] takes {', '.join(sorted(_KEYS[section]))}")
+
+    def value(section: str, key: str):
+        return data.get(section, {}).get(key, base[section][key])
+
+    allow = _strings(value("commands", "allow"), source, "[commands] allow")
+    for program in allow:
+        if program != "*" and ("/" in program and not program.startswith("/")
+                               or any(c in program for c in "=\0\n") or not program):
+            raise LinkRunError(f"{source}: [commands] allow has {program!r}",
+                               "name a program (sh), give its absolute path (/opt/x/bin/y), or *")
+    hosts = _strings(value("internet", "hosts"), source, "[internet] hosts")
+    for host in hosts:
+        if not re.fullmatch(r"(\*|(\*\.)?[A-Za-z0-9.-]+(:\d{1,5})?)", host):
+            raise LinkRunError(f"{source}: [internet] hosts has {host!r}",
+                               'write example.org, *.example.net, example.com:8443 or "*"')
+    return SandboxFile(
+        allow=allow,
+        write=check_write(_strings(value("files", "write"), source, "[files] write"), source),
+        hosts=hosts,
+        tmp_size=_size(value("limits", "tmp"), source, "[limits] tmp"),
+        file_size=_size(value("limits", "file"), source, "[limits] file"),
+        source=source,
+    )
+
+
+def load(path: str | None) -> SandboxFile:
+    """The sandbox file at `path`, or the embedded defaults for None."""
+    if path is None:
+        return parse({}, "the embedded default sandbox file")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as error:
+        raise LinkRunError(f"cannot read the sandbox file {path}: {error.strerror}",
+                           "give a readable file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise LinkRunError(f"the sandbox file {path} is not valid TOML: {error}",
+                           "fix it (see the example in the docs)") from None
+    return parse(data, path)
+
+
+def check_write(entries: Sequence[str], source: str) -> tuple[str, ...]:
+    """`[files] write` entries: relative, no `.`, `..` or empty component;
+    not, inside or containing chats/ or background/; not nesting with another
+    entry (one inside work/ is allowed: work/ is always writable)."""
+    for entry in entries:
+        parts = entry.split("/")
+        if entry.startswith("/") or "\0" in entry or any(p in ("", ".", "..") for p in parts):
+            raise LinkRunError(f"{source}: [files] write has {entry!r}",
+                               "give a folder of the files folder, relative, with no '.', '..' "
+                               "or empty component, such as data or out/reports")
+        if parts[0] in RESERVED:
+            raise LinkRunError(f"{source}: [files] write has {entry!r}, in {parts[0]}/",
+                               "chats/ and background/ are never writable: choose another folder")
+    for a in entries:
+        for b in entries:
+            if a != b and b.startswith(a + "/") and a != "work":
+                raise LinkRunError(f"{source}: [files] write has {b!r} inside {a!r}",
+                                   "give one of them")
+    return tuple(dict.fromkeys(entries))
+
+
+def _strings(value, source: str, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise LinkRunError(f"{source}: {what} is not a list of strings", f'write {what.split()[-1]} = ["..."]')
+    return tuple(value)
+
+
+def _size(value, source: str, what: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    try:
+        return parse_size(what, str(value))
+    except UsageError as error:
+        raise LinkRunError(f"{source}: {error.message}", error.hint) from None
+
+
+@dataclass(frozen=True)
+class Host:
+    """Facts of this machine the argv depends on, gathered once (at `up`)."""
+
+    bwrap: str
+    prlimit: str
+    disable_userns: bool  # bubblewrap ≥ 0.8 has --disable-userns
+    root: tuple[tuple[str, str | None], ...]  # (/bin, "usr/bin") a link; (/bin, None) a folder
+    etc: tuple[tuple[str, str | None], ...]  # the same, for the /etc entries bound
+    masks: tuple[str, ...]  # folders hidden under an empty tmpfs
+    nproc: int  # --nproc: the uid's current count of tasks plus a wide margin
+    fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
+
+
+def find_system(name: str) -> str | None:
+    return shutil.which(name, path=SYSTEM_PATH)
+
+
+def host_facts() -> Host:
+    """Read this machine. Raises LinkRunError when bubblewrap or prlimit is missing."""
+    bwrap = find_system("bwrap")
+    if bwrap is None:
+        raise LinkRunError(
+            "bubblewrap (bwrap) is not installed, and nothing runs without the sandbox",
+            "install it (apt install bubblewrap, dnf install bubblewrap, pacman -S bubblewrap) and start again")
+    prlimit = find_system("prlimit")
+    if prlimit is None:
+        raise LinkRunError("prlimit is not installed, and the sandbox's limits need it",
+                           "install util-linux (apt install util-linux) and start again")
+    try:
+        help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LinkRunError(f"cannot run {bwrap}: {error}", "reinstall bubblewrap") from None
+    return Host(
+        bwrap=bwrap,
+        prlimit=prlimit,
+        disable_userns="--disable-userns" in help_text,
+        root=tuple(_entries("/", ROOT_FOLDERS)),
+        etc=tuple(_entries("/etc", [n for n in sorted(os.listdir("/etc")) if _etc_wanted(n)])),
+        masks=tuple(f"/etc/{m}" for m in ETC_MASKS if os.path.isdir(f"/etc/{m}")
+                    and not os.path.islink(f"/etc/{m}")),
+        nproc=nproc_limit(int(defaults()["limits"]["nproc_margin"])),
+        fsize_max=_hard_limit(resource.RLIMIT_FSIZE),
+    )
+
+
+def _etc_wanted(name: str) -> bool:
+    return name in ETC_NAMES or any(fnmatch.fnmatchcase(name, p) for p in ETC_PATTERNS)
+
+
+def _entries(top: str, names: Sequence[str]):
+    for name in names:
+        path = os.path.join(top, name)
+        if os.path.islink(path):
+            yield path, os.readlink(path)
+        elif os.path.exists(path):
+            yield path, None
+
+
+def _hard_limit(which: int) -> int | None:
+    hard = resource.getrlimit(which)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def count_tasks(uid: int) -> int:
+    """How many tasks (threads included: RLIMIT_NPROC counts them) the uid runs."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                pass  # ended meanwhile
+    return count
+
+
+def nproc_limit(margin: int) -> int:
+    """The uid's current count plus the margin, never above the hard limit
+    (which prlimit could not raise: every call would fail)."""
+    wanted = count_tasks(os.getuid()) + margin
+    hard = _hard_limit(resource.RLIMIT_NPROC)
+    return wanted if hard is None else min(wanted, hard)
+
+
+def system_folders(host: Host) -> list[str]:
+    """The host folders the sandbox shows read-only as they are."""
+    return ["/usr"] + [path for path, target in host.root if target is None] + [
+        path for path, target in host.etc if target is None]
+
+
+def inside(path: str, folder: str) -> bool:
+    path, folder = os.path.normpath(path), os.path.normpath(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@dataclass(frozen=True)
+class Programs:
+    """The `[commands] allow` entries this machine has and the sandbox shows."""
+
+    kept: tuple[str, ...]  # as given: bare names, absolute paths, or *
+    missing: tuple[str, ...]  # not found on the system PATH (or not an executable file)
+    hidden: tuple[tuple[str, str], ...]  # (name, where it resolves) outside the bound folders
+    folders: tuple[str, ...]  # folders of allowed absolute programs, to bind read-only
+
+
+def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder) -> Programs:
+    kept, missing, hidden, folders = [], [], [], []
+    shown = system_folders(host) + [folder.files, folder.agent, folder.home]
+    for program in allow:
+        if program == "*":
+            kept.append(program)
+            continue
+        if program.startswith("/"):
+            if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+                missing.append(program)
+                continue
+            kept.append(program)
+            for place in (os.path.dirname(program), os.path.dirname(os.path.realpath(program))):
+                if not any(inside(place, s) for s in shown + folders):
+                    folders.append(place)
+            continue
+        found = find_system(program)
+        if found is None:
+            missing.append(program)
+        elif not any(inside(os.path.realpath(found), s) for s in shown):
+            hidden.append((program, os.path.realpath(found)))
+        else:
+            kept.append(program)
+    return Programs(tuple(kept), tuple(missing), tuple(hidden), tuple(folders))
+
+
+def environment(folder: agent_folder.AgentFolder) -> list[tuple[str, str]]:
+    """The sandbox's whole environment: nothing of the caller's. Caches go
+    under work/.cache, the one place a program writes that outlives it."""
+    cache = f"{folder.files}/work/.cache"
+    return [
+        ("PATH", SYSTEM_PATH), ("HOME", folder.home), ("LANG", "C.UTF-8"), ("TMPDIR", "/tmp"),
+        ("NO_COLOR", "1"), ("TERM", "dumb"), ("PAGER", "cat"), ("GIT_TERMINAL_PROMPT", "0"),
+        ("XDG_CACHE_HOME", cache), ("PIP_CACHE_DIR", f"{cache}/pip"),
+        ("npm_config_cache", f"{cache}/npm"), ("CARGO_HOME", f"{cache}/cargo"),
+        ("GOCACHE", f"{cache}/go-build"), ("GOPATH", f"{cache}/go"),
+    ]
+
+
+def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Host,
+               program_folders: Sequence[str], protected: Sequence[tuple[str, str]]) -> list[str]:
+    """The fixed part of the sandbox argv: what serve runs before the per-call
+    part, the `--` and the program. Pure: it reads nothing, spawns nothing.
+
+    Raises LinkRunError when a bind would contain or lie inside a protected
+    place (agent.protected).
+    """
+    file_size = sandbox.file_size if host.fsize_max is None else min(sandbox.file_size, host.fsize_max)
+    argv = [host.prlimit, "--core=0", f"--fsize={file_size}", f"--nproc={host.nproc}", "--",
+            host.bwrap, "--unshare-user"]
+    if host.disable_userns:
+        argv.append("--disable-userns")
+    # As root, bwrap keeps every capability in the sandbox's user namespace,
+    # enough to remount a read-only bind writable: drop them all.
+    argv += ["--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+             "--unshare-cgroup", "--unshare-net", "--die-with-parent", "--new-session"]
+    binds = ["/usr"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for path, target in host.root + host.etc:
+        if target is None:
+            binds.append(path)
+            argv += ["--ro-bind", path, path]
+        else:
+            argv += ["--symlink", target, path]
+    for path in host.masks:
+        argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    for path in program_folders:
+        binds.append(path)
+        argv += ["--ro-bind", path, path]
+    tmp = str(sandbox.tmp_size)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/tmp",
+             "--size", tmp, "--tmpfs", "/dev/shm", "--symlink", "/tmp", "/var/tmp"]
+    # After /tmp, so that an agent's folder under /tmp is found inside it.
+    for path in (folder.agent, folder.home, folder.files):
+        binds.append(path)
+        argv += ["--ro-bind", path, path]
+    if sandbox.hosts:
+        argv += ["--dir", percall.PROXY_INSIDE]  # the mount point, before / turns read-only
+    # bwrap's own root is a tmpfs without a size: read-only, so nothing can
+    # fill memory there. Later binds mount on folders that already exist.
+    argv += ["--remount-ro", "/", "--clearenv"]
+    for name, value in environment(folder):
+        argv += ["--setenv", name, value]
+    check_binds(binds, protected)
+    return argv
+
+
+def check_binds(binds: Sequence[str], protected: Sequence[tuple[str, str]]) -> None:
+    for path in binds:
+        for place, what in protected:
+            if inside(path, place) or inside(place, path):
+                relation = "lies inside" if inside(path, place) else "contains"
+                raise LinkRunError(
+                    f"the sandbox would show {path}, which {relation} {what} ({place})",
+                    "move the agent's folder or the program elsewhere: that place is never shown to a sandbox")
+
+
+def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mapping[str, str],
+          keyring: str | None = None) -> tuple[list[str], Programs, Host]:
+    """What `up`, `doctor` and `sandbox` share: this machine's facts, the
+    programs kept, and the fixed argv."""
+    host = host_facts()
+    kept = programs(sandbox.allow, host, folder)
+    places = agent_folder.protected(folder, keyring or agent_folder.default_keyring(environ), environ)
+    return fixed_argv(folder, sandbox, host, kept.folders, places), kept, host
+
+
+def write_folders(sandbox: SandboxFile) -> tuple[str, ...]:
+    """serve's --write: work/ and the [files] write entries."""
+    return tuple(dict.fromkeys(("work",) + sandbox.write))
+
+
+USAGE = "lnk-link-run sandbox --file <sandbox.toml> --agent <dir> [--print] -- <program> <args>"
+
+
+def main(argv: list[str]) -> int:
+    """Build the sandbox of one call and run the program in it (or print it).
+
+    It does not check `[commands]` (serve does): it is for seeing and trying
+    the sandbox itself. The program runs in the files folder, as a call does.
+    """
+    flags, command = split_flags(argv, {"--file", "--agent"}, {"--print"}, set())
+    if not command and not flags.get("--print"):
+        raise UsageError("no program after --", f"usage: {USAGE}")
+    sandbox = load(str(flags["--file"]) if "--file" in flags else None)
+    environ = os.environ
+    folder = agent_folder.create(str(flags.get("--agent") or agent_folder.default_root(environ)))
+    fixed, _, _ = build(folder, sandbox, environ)
+    program = list(command or [])
+    if program and "/" not in program[0]:
+        found = find_system(program[0])
+        if found is None:
+            raise UsageError(f"{program[0]!r} is not on the system PATH ({SYSTEM_PATH})",
+                             "give an absolute path or a program this machine has")
+        program[0] = found
+
+    files_fd = os.open(folder.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            part, fds = percall.call_part(files_fd, folder.files, write_folders(sandbox), None, "")
+        except percall.LinkOnPath as error:
+            raise LinkRunError(str(error)) from None
+    finally:
+        os.close(files_fd)
+    full = fixed + part + ["--"] + program
+    if flags.get("--print"):
+        print(shlex.join(full))
+        return 0
+    for fd in fds:
+        os.set_inheritable(fd, True)  # bwrap binds them, then closes them
+    os.chdir(folder.files)
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored
+    # across exec: give the program the defaults, as subprocess does.
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(number, signal.SIG_DFL)
+    sys.stdout.flush()
+    os.execv(full[0], full)
+    return 127  # not reached

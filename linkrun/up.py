@@ -1,0 +1,172 @@
+"""`lnk-link-run up`: what Link does at an agent's start (DESIGN.md §6).
+
+It reads the sandbox file and the spec's `[tool.run]`, keeps the programs
+this machine has, creates the agent's folder, checks the sandbox (as
+`doctor`), builds the fixed part of the sandbox argv once, and execs serve
+with everything: the product's defaults live here, never in serve.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+
+from . import agent as agent_folder
+from . import doctor, sandbox
+from .config import AGENT_ID, check_way_in, parse_duration, parse_size, split_flags
+from .errors import LinkRunError, UsageError
+
+USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
+         "[--way-in ADDR --as ID [--keyring DIR] | --no-way-in] [--route PROXY]")
+_VALUED = {"--agent", "--sandbox", "--spec", "--way-in", "--as", "--keyring", "--route"}
+
+# [tool.run] key → (serve's flag, kind)
+RUN_KEYS = {
+    "timeout": ("--timeout", "duration"),
+    "output": ("--output", "size"),
+    "background": ("--background", "count"),
+    "background_timeout": ("--background-timeout", "duration"),
+    "background_output": ("--background-output", "size"),
+    "background_keep": ("--background-keep", "duration"),
+    "background_per_day": ("--background-per-day", "count"),
+}
+
+
+def run_settings(spec: Mapping, source: str) -> dict[str, str]:
+    """The spec's `[tool.run]` over the embedded defaults → serve's flag values.
+
+    A duration or size may be a number (seconds, bytes) or text (`2m`, `16K`);
+    an unknown key is refused (a typo would silently keep a default)."""
+    run = spec.get("tool", {}).get("run", {}) if isinstance(spec.get("tool", {}), Mapping) else {}
+    if not isinstance(run, Mapping):
+        raise LinkRunError(f"{source}: [tool.run] is not a table")
+    unknown = sorted(set(run) - set(RUN_KEYS))
+    if unknown:
+        raise LinkRunError(f"{source}: [tool.run] has unknown key {unknown[0]!r}",
+                           f"[tool.run] takes {', '.join(RUN_KEYS)}")
+    base = sandbox.defaults()["run"]
+    values = {}
+    for key, (flag, kind) in RUN_KEYS.items():
+        value = run.get(key, base[key])
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise LinkRunError(f"{source}: [tool.run] {key} = {value!r} is neither a number nor text")
+        text = str(value)
+        try:
+            if kind == "duration":
+                parse_duration(key, text)
+            elif kind == "size":
+                parse_size(key, text)
+            elif not text.isdigit():
+                raise UsageError(f"{key} {text!r} is not a whole number of at least 0")
+        except UsageError as error:
+            raise LinkRunError(f"{source}: [tool.run] {error.message}", error.hint) from None
+        values[flag] = text
+    values["--hops"] = str(base["hops"])
+    return values
+
+
+def _read_toml(path: str, what: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as error:
+        raise LinkRunError(f"cannot read the {what} {path}: {error.strerror}", "give a readable file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise LinkRunError(f"the {what} {path} is not valid TOML: {error}", "fix it") from None
+
+
+def _keep(source: str, destination: str) -> None:
+    """Copy the user's file into Config/ ("yours, kept for the agent"),
+    whole or not at all."""
+    if os.path.exists(destination) and os.path.samefile(source, destination):
+        return
+    with open(source, "rb") as f:
+        data = f.read()
+    temporary = f"{destination}.{os.getpid()}.new"
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, destination)
+
+
+def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
+    """Everything `up` does but the exec: the argv it execs."""
+    flags, rest = split_flags(argv, _VALUED, {"--no-way-in"}, set())
+    if rest is not None:
+        raise UsageError("up takes no program after --", f"usage: {USAGE}")
+    if "--route" in flags:
+        raise UsageError("--route needs the agent's internet proxy, which this version does not have yet")
+    way_in, as_id = flags.get("--way-in"), flags.get("--as")
+    if flags.get("--no-way-in") and (way_in or as_id or "--keyring" in flags):
+        raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")
+    if way_in:
+        check_way_in(str(way_in))
+        if not as_id:
+            raise UsageError("--way-in needs --as <agent id>")
+        if not AGENT_ID.match(str(as_id)):
+            raise UsageError(f"--as {as_id!r} is not an agent id", "use letters, digits, '.', '_' and '-'")
+    elif as_id or "--keyring" in flags:
+        raise UsageError("--as and --keyring need --way-in <address>")
+
+    # Check what the user gave before anything is created or copied.
+    sandbox_path = str(flags["--sandbox"]) if "--sandbox" in flags else None
+    settings = sandbox.load(sandbox_path) if sandbox_path else None
+    spec_path = str(flags["--spec"]) if "--spec" in flags else None
+    spec = _read_toml(spec_path, "spec") if spec_path else None
+    run = run_settings(spec, spec_path) if spec is not None else None
+
+    folder = agent_folder.create(str(flags.get("--agent") or agent_folder.default_root(environ)))
+    if sandbox_path:
+        _keep(sandbox_path, folder.sandbox_file)
+    elif os.path.exists(folder.sandbox_file):
+        settings = sandbox.load(folder.sandbox_file)
+    else:
+        settings = sandbox.load(None)
+    if spec_path:
+        _keep(spec_path, folder.spec_file)
+    elif os.path.exists(folder.spec_file):
+        run = run_settings(_read_toml(folder.spec_file, "spec"), folder.spec_file)
+    if run is None:
+        run = run_settings({}, "the embedded defaults")
+    assert settings is not None
+
+    keyring = os.path.abspath(str(flags.get("--keyring") or agent_folder.default_keyring(environ)))
+    fixed, kept, _ = sandbox.build(folder, settings, environ, keyring)
+    write = sandbox.write_folders(settings)
+    doctor.probe(fixed, folder, write)
+    if settings.hosts:
+        print("lnk-link-run up: [internet] names hosts, but this version has no proxy yet: "
+              "the sandbox reaches none", file=sys.stderr)
+
+    serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
+             "--programs-path", sandbox.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
+    for program in kept.kept:
+        serve += ["--program", program]
+    for folder_ in write:
+        serve += ["--write", folder_]
+    if way_in or flags.get("--no-way-in"):
+        serve += ["--state", folder.state]
+        serve += ["--way-in", str(way_in), "--as", str(as_id), "--keyring", keyring] if way_in else ["--no-way-in"]
+        for flag in ("--background", "--background-timeout", "--background-output", "--background-keep",
+                     "--background-per-day", "--hops"):
+            serve += [flag, run[flag]]
+    serve += ["--"] + fixed
+
+    works, _ = doctor.scope_works()
+    if works:
+        limits = sandbox.defaults()["limits"]
+        serve = [sandbox.find_system("systemd-run") or "systemd-run", "--user", "--scope", "--quiet", "--collect",
+                 "-p", f"MemoryMax={limits['scope_memory']}", "-p", f"TasksMax={limits['scope_tasks']}",
+                 "--description", f"Link Run agent {os.path.basename(folder.root)}", "--"] + serve
+    return serve
+
+
+def main(argv: list[str]) -> int:
+    command = plan(argv, os.environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(command[0], command)
+    return 127  # not reached

@@ -1,0 +1,191 @@
+"""The per-call part of the sandbox (DESIGN.md §6): write folders and each
+`.git/hooks` and `.git/config` below them, bound through descriptors opened
+without following a link. First the two escapes review found: a link planted
+by one call must never make a read-only path writable, or bind a host folder
+in, at the next.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from conftest import require_sandbox
+from test_sandbox import Agent
+
+from linkrun import percall
+
+
+def open_files(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def call_part(files: Path, write=("work",), proxy=None, folder=""):
+    fd = open_files(files)
+    try:
+        return percall.call_part(fd, str(files), list(write), proxy, folder)
+    finally:
+        os.close(fd)
+
+
+def close_all(fds):
+    for fd in fds:
+        os.close(fd)
+
+
+def refused(files: Path, write=("work",)) -> percall.LinkOnPath:
+    before = open_fds()
+    with pytest.raises(percall.LinkOnPath) as caught:
+        call_part(files, write)
+    assert open_fds() == before  # nothing it opened is left open
+    return caught.value
+
+
+@pytest.fixture
+def files(tmp_path) -> Path:
+    folder = tmp_path / "agent" / "Files"
+    (folder / "work").mkdir(parents=True)
+    (tmp_path / "agent" / "Home").mkdir()
+    (tmp_path / "agent" / "State").mkdir()
+    return folder
+
+
+# The escapes.
+
+def test_a_link_planted_on_a_write_folder_cannot_make_home_writable_at_the_next_call(files):
+    os.symlink("../../Home", files / "work" / "cache")
+    error = refused(files, ["work", "work/cache"])
+    assert error.path == "work/cache"
+    assert "work/cache in the files folder is a link (to '../../Home')" in str(error)
+    assert "remove it" in str(error)
+
+
+def test_a_link_planted_as_git_hooks_cannot_bind_a_host_folder_in_at_the_next_call(files):
+    git = files / "work" / "repo" / ".git"
+    git.mkdir(parents=True)
+    (git / "config").write_text("[core]\n")
+    os.symlink("../../../..", git / "hooks")
+    error = refused(files)
+    assert error.path == "work/repo/.git/hooks"
+    assert "is a link (to '../../../..')" in str(error)
+
+
+def test_both_escapes_are_refused_by_the_real_sandbox_and_nothing_runs(tmp_path):
+    require_sandbox()
+    box = Agent(tmp_path, '[files]\nwrite = ["work/cache"]\n')
+    os.symlink("../../Home", box.files / "work" / "cache")
+    done = box.sh("echo pwned > work/cache/note")
+    assert done.returncode != 0
+    assert "work/cache in the files folder is a link" in done.stderr
+    assert (box.root / "Home" / "note").read_text() == "home note\n"
+
+    os.unlink(box.files / "work" / "cache")
+    git = box.files / "work" / "repo" / ".git"
+    git.mkdir(parents=True)
+    os.symlink("../../../..", git / "hooks")
+    done = box.sh("ls work/repo/.git/hooks/State")
+    assert done.returncode != 0 and "work/repo/.git/hooks in the files folder is a link" in done.stderr
+    assert "record.json" not in done.stdout
+
+
+def test_a_link_as_git_or_as_git_config_is_refused(files):
+    (files / "work" / "a").mkdir()
+    os.symlink("../../../Home", files / "work" / "a" / ".git")
+    assert refused(files).path == "work/a/.git"
+    os.unlink(files / "work" / "a" / ".git")
+    git = files / "work" / "a" / "b" / ".git"
+    git.mkdir(parents=True)
+    os.symlink("../../../../../State/x", git / "config")
+    assert refused(files).path == "work/a/b/.git/config"
+
+
+def test_a_link_deeper_in_a_write_folder_is_no_reason_to_refuse(files):
+    os.symlink("/etc", files / "work" / "etc")
+    os.symlink("../../Home", files / "work" / "home")
+    part, fds = call_part(files)
+    close_all(fds)
+    assert part[:3] == ["--bind-fd", str(fds[0]), f"{files}/work"]
+
+
+def test_a_non_folder_on_a_write_path_is_refused(files):
+    (files / "data").write_text("a file\n")
+    error = refused(files, ["work", "data"])
+    assert error.path == "data" and "is not a folder" in str(error)
+
+
+# What gets bound.
+
+def test_write_folders_are_bound_by_descriptor_parents_first_and_made_when_missing(files):
+    part, fds = call_part(files, ["work/cache", "work", "out/reports"], folder="work/x")
+    try:
+        assert part == ["--bind-fd", str(fds[0]), f"{files}/out/reports", "--bind-fd", str(fds[1]), f"{files}/work",
+                        "--bind-fd", str(fds[2]), f"{files}/work/cache", "--chdir", f"{files}/work/x"]
+        assert (files / "out" / "reports").is_dir() and (files / "work" / "cache").is_dir()
+        for fd in fds:
+            assert os.path.samefile(f"/proc/self/fd/{fd}", files / part[part.index(str(fd)) + 1])
+    finally:
+        close_all(fds)
+
+
+def test_git_hooks_and_config_are_guarded_down_to_depth_3(files):
+    for repo in ("", "a/", "a/b/", "a/b/c/"):
+        git = files / "work" / f"{repo}.git"
+        git.mkdir(parents=True)
+        (git / "config").write_text("[core]\n")
+    (files / "work" / ".git" / "hooks").mkdir()
+    part, fds = call_part(files)
+    close_all(fds)
+    guarded = [part[i + 2] for i, arg in enumerate(part) if arg == "--ro-bind-fd"]
+    assert sorted(guarded) == sorted(f"{files}/work/{repo}.git/{name}" for repo in ("", "a/", "a/b/")
+                                     for name in ("hooks", "config"))
+    # A repository without hooks/ gets an empty one, bound read-only, so a
+    # program cannot add hooks to it.
+    assert (files / "work" / "a" / ".git" / "hooks").is_dir()
+    assert not (files / "work" / "a" / "b" / "c" / ".git" / "hooks").exists()
+
+
+def test_the_proxy_folder_is_bound_read_only_and_the_folder_entered(files, tmp_path):
+    part, fds = call_part(files, [], proxy=str(tmp_path / "proxy"), folder=".")
+    assert fds == []
+    assert part == ["--ro-bind", str(tmp_path / "proxy"), "/run/lnk/proxy", "--chdir", str(files)]
+
+
+def test_git_hooks_and_config_are_read_only_inside_a_write_folder(tmp_path):
+    require_sandbox()
+    box = Agent(tmp_path)
+    git = box.files / "work" / "repo" / ".git"
+    (git / "hooks").mkdir(parents=True)
+    (git / "config").write_text("[core]\n")
+    done = box.sh("cd work/repo && (echo evil > .git/hooks/pre-commit) 2>/dev/null && echo HOOKED; "
+                  "(echo evil >> .git/config) 2>/dev/null && echo CONFIGURED; "
+                  "rm -rf .git/hooks 2>/dev/null; echo fine > .git/HEAD && echo head-writable")
+    assert done.stdout == "head-writable\n", done.stdout + done.stderr
+    assert os.listdir(git / "hooks") == [] and (git / "config").read_text() == "[core]\n"
+
+
+def test_call_part_adds_well_under_a_millisecond(files):
+    (files / "data").mkdir()
+    for repo in ("repo", "tools/lib"):
+        git = files / "work" / repo / ".git"
+        (git / "hooks").mkdir(parents=True)
+        (git / "config").write_text("[core]\n")
+    for n in range(30):
+        (files / "work" / "src" / f"m{n}").mkdir(parents=True)
+    fd = open_files(files)
+    times = []
+    try:
+        for _ in range(200):
+            start = time.perf_counter()
+            _, fds = percall.call_part(fd, str(files), ["work", "data"], None, "work")
+            times.append(time.perf_counter() - start)
+            close_all(fds)
+    finally:
+        os.close(fd)
+    assert statistics.median(times) < 0.001, statistics.median(times)

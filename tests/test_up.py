@@ -1,0 +1,175 @@
+"""`up` and `doctor` (DESIGN.md §6): what up hands serve, that it fails closed
+in one line naming the fix, and a working sandboxed server out of the box."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SERVER, clean_env, require_sandbox, text_of
+from test_sandbox import Agent
+
+from linkrun import doctor, sandbox, up
+from linkrun.errors import LinkRunError, UsageError
+
+
+@pytest.fixture
+def box(tmp_path) -> Agent:
+    require_sandbox()
+    return Agent(tmp_path)
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == flag]
+
+
+def serve_part(argv: list[str]) -> list[str]:
+    assert argv[:5] == [sys.executable, "-I", "-m", "linkrun", "serve"]
+    return argv[:argv.index("--")]
+
+
+def test_up_hands_serve_every_flag_with_the_products_defaults(box):
+    argv = up.plan(["--agent", str(box.root), "--no-way-in"], box.env)
+    serve = serve_part(argv)
+    assert flag_values(serve, "--files") == [str(box.files)]
+    assert flag_values(serve, "--programs-path") == [sandbox.SYSTEM_PATH]
+    assert [flag_values(serve, f)[0] for f in ("--timeout", "--output", "--background", "--background-timeout",
+                                               "--background-output", "--background-keep",
+                                               "--background-per-day", "--hops")] == [
+        "2m", "16K", "4", "1h", "16M", "1d", "100", "4"]
+    assert flag_values(serve, "--state") == [str(box.root / "State")] and "--no-way-in" in serve
+    assert flag_values(serve, "--write") == ["work"]
+    assert "sh" in flag_values(serve, "--program") and "python3" in flag_values(serve, "--program")
+    fixed = argv[argv.index("--") + 1:]
+    assert fixed[0].endswith("/prlimit") and "--unshare-net" in fixed
+    # The state folder is serve's, never the sandbox's.
+    assert str(box.root / "State") not in fixed
+
+
+def test_up_without_a_way_in_offers_no_background_commands(box):
+    serve = serve_part(up.plan(["--agent", str(box.root)], box.env))
+    for flag in ("--state", "--background", "--way-in", "--no-way-in", "--hops"):
+        assert flag not in serve
+
+
+def test_up_with_a_way_in_passes_it_the_agent_and_the_keyring(box):
+    serve = serve_part(up.plan(["--agent", str(box.root), "--way-in", "http://127.0.0.1:4000/in", "--as", "main",
+                                "--keyring", str(box.keyring)], box.env))
+    assert flag_values(serve, "--way-in") == ["http://127.0.0.1:4000/in"]
+    assert flag_values(serve, "--as") == ["main"] and flag_values(serve, "--keyring") == [str(box.keyring)]
+    assert flag_values(serve, "--state") == [str(box.root / "State")]
+
+
+def test_up_keeps_the_users_sandbox_file_and_spec_and_follows_them(box, tmp_path):
+    box.file.write_text('[commands]\nallow = ["sh", "no-such-program-here"]\n[files]\nwrite = ["data"]\n')
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[agent]\nname = "main"\n[tool.run]\ntimeout = "30s"\noutput = 65536\nbackground = 0\n')
+    argv = up.plan(["--agent", str(box.root), "--sandbox", str(box.file), "--spec", str(spec), "--no-way-in"], box.env)
+    serve = serve_part(argv)
+    assert (box.root / "Config" / "sandbox.toml").read_text() == box.file.read_text()
+    assert (box.root / "Config" / "spec.toml").read_text() == spec.read_text()
+    assert flag_values(serve, "--program") == ["sh"]  # what this machine has
+    assert flag_values(serve, "--write") == ["work", "data"]
+    assert (flag_values(serve, "--timeout"), flag_values(serve, "--output"), flag_values(serve, "--background")) == (
+        ["30s"], ["65536"], ["0"])
+    # The next start, with no arguments, keeps them.
+    again = serve_part(up.plan(["--agent", str(box.root)], box.env))
+    assert flag_values(again, "--program") == ["sh"] and flag_values(again, "--timeout") == ["30s"]
+
+
+def test_up_with_an_empty_allow_list_passes_no_program(box):
+    box.file.write_text("[commands]\nallow = []\n")
+    serve = serve_part(up.plan(["--agent", str(box.root), "--sandbox", str(box.file)], box.env))
+    assert "--program" not in serve
+
+
+def test_up_refuses_bad_input_before_creating_anything(tmp_path):
+    root = tmp_path / "never"
+    env = clean_env(HOME=str(tmp_path))
+    for argv, error in ((["--as", "main"], UsageError), (["--way-in", "http://127.0.0.1:1/x"], UsageError),
+                        (["--no-way-in", "--way-in", "unix:/x", "--as", "a"], UsageError),
+                        (["--route", "http://proxy"], UsageError),
+                        (["--sandbox", str(tmp_path / "missing.toml")], LinkRunError)):
+        with pytest.raises(error):
+            up.plan(["--agent", str(root), *argv], env)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[tool.run]\ntimeot = 5\n")
+    with pytest.raises(LinkRunError, match="unknown key 'timeot'"):
+        up.plan(["--agent", str(root), "--spec", str(bad)], env)
+    assert not root.exists()
+
+
+def outer_sandbox(*extra: str) -> list[str]:
+    """The machine as it is, in a user namespace of its own, with `extra`."""
+    return ["bwrap", "--unshare-user", "--bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *extra, "--"]
+
+
+def test_up_fails_closed_in_one_line_without_bubblewrap(box):
+    # The machine as it is, but where bwrap is not an executable.
+    done = subprocess.run(outer_sandbox("--ro-bind", "/dev/null", sandbox.find_system("bwrap"))
+                          + SERVER + ["up", "--agent", str(box.root)], env=box.env, capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert "bubblewrap (bwrap) is not installed" in done.stderr and "install it" in done.stderr
+
+
+def test_up_fails_closed_in_one_line_when_namespaces_are_refused(box):
+    done = subprocess.run(outer_sandbox("--disable-userns") + SERVER + ["up", "--agent", str(box.root)],
+                          env=box.env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert "refused the sandbox its namespaces" in done.stderr
+
+
+def test_up_fails_closed_when_the_files_folder_is_not_visible_inside(box):
+    folder = box.folder
+    fixed, _, _ = sandbox.build(folder, sandbox.load(None), box.env)
+    at = fixed.index(folder.files)  # drop the files folder's bind from the sandbox
+    del fixed[at - 1:at + 2]
+    with pytest.raises(LinkRunError, match="is not visible inside the sandbox"):
+        doctor.probe(fixed, folder, ["work"])
+
+
+def test_doctor_runs_every_check_and_says_what_to_do(box):
+    ok = subprocess.run(SERVER + ["doctor", "--agent", str(box.root)], env=box.env, capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout
+    assert "ok   the sandbox starts" in ok.stdout and "programs offered: sh" in ok.stdout
+    refused = subprocess.run(outer_sandbox("--disable-userns") + SERVER + ["doctor", "--agent", str(box.root)],
+                             env=box.env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert "FAIL the kernel refused the sandbox its namespaces" in refused.stdout
+    assert "     → " in refused.stdout
+
+
+def test_up_with_no_arguments_gives_a_working_sandboxed_server(box, servers):
+    server = servers(SERVER + ["up"], env=box.env)
+    server.initialize()
+    names = [tool["name"] for tool in server.request("tools/list")["result"]["tools"]]
+    assert names == ["command"]
+    default_files = Path(box.env["XDG_DATA_HOME"]) / "linkrun" / "agents" / "main" / "Files"
+    result = server.call("command", {"program": "sh", "args": [
+        "-c", "pwd; echo $HOME; ls /proc | grep -cE '^[0-9]+$'; (: > x) 2>/dev/null || echo read-only"]})
+    pwd, home, processes, read_only = text_of(result).split("output")[1].split("\n")[1:5]
+    assert (pwd, read_only) == (str(default_files), "read-only")
+    assert home == str(default_files.parent / "Home")
+    assert int(processes) <= 4
+    assert server.close() == 0
+
+
+
+def test_a_call_through_up_writes_work_and_is_refused_on_a_planted_link(box, servers):
+    server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
+    server.initialize()
+    result = server.call("command", {"program": "sh", "args": ["-c", "echo hi > work/x && cat work/x"]})
+    assert "hi" in text_of(result) and (box.files / "work" / "x").read_text() == "hi\n"
+    git = box.files / "work" / "repo" / ".git"
+    git.mkdir(parents=True)
+    os.symlink("../../../..", git / "hooks")
+    refused = server.call("command", {"program": "sh", "args": ["-c", "true"]})
+    assert refused.get("isError") and "work/repo/.git/hooks" in text_of(refused)
+    assert server.close() == 0

@@ -273,22 +273,23 @@ class Supervisor:
             kill_group(self.gate.pid, signal.SIGTERM)
 
     def program_in_sandbox(self) -> int | None:
-        # With --new-session the program leads a session of its own below
-        # bwrap's pid 1 (the gate's only child); a SIGTERM to the gate's group
-        # would reach only the outer bwrap and tear the sandbox down with no grace.
+        """The session the program runs in inside the sandbox, or None.
+
+        With --new-session, bwrap's pid 1 (the gate's only child) calls
+        setsid and runs the program in its session; a SIGTERM to the gate's
+        group would reach only the outer bwrap and tear the sandbox down with
+        no grace. pid 1 itself ignores the TERM (a namespace's init does
+        without a handler), so the program gets it first.
+        """
         if "--new-session" not in self.record["argv"]:
             return None
         pid = self.gate.pid
-        for _ in range(2):
-            try:
-                with open(f"/proc/{pid}/task/{pid}/children") as f:
-                    children = f.read().split()
-            except OSError:
-                return None
-            if not children:
-                return None
-            pid = int(children[0])
-        return pid
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = f.read().split()
+            return os.getsid(int(children[0])) if children else None
+        except (OSError, ValueError):
+            return None
 
     def stop_state(self) -> str:
         """The stop file's reason, read once: the first reason wins."""
@@ -326,6 +327,9 @@ class Supervisor:
             self.tell()
         if self.observer is not None:
             self.observer.stop()
+        # What this process loaded of ours, for the log (and a test that keeps it small).
+        ours = sorted(name for name in sys.modules if name.startswith("linkrun."))
+        self.log("loaded " + " ".join(ours))
         return 0
 
     def tell(self):

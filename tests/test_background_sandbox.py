@@ -1,0 +1,128 @@
+"""Background commands in the real sandbox: started through `up --no-way-in`,
+with bubblewrap, its pid namespace and --new-session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SERVER, pid_alive, require_sandbox, text_of, wait_for
+from test_sandbox import Agent
+
+from linkrun import records
+
+META = {"link.local/thread": "conversation-1"}
+
+
+@pytest.fixture
+def box(tmp_path):
+    require_sandbox()
+    agent = Agent(tmp_path)
+    yield agent
+    state = str(agent.root / "State")
+    for command_id in records.ids(state):
+        if records.is_held(state, command_id):
+            records.write_stop(state, command_id, "agent stopping")
+    for command_id in records.ids(state):
+        wait_for(lambda command_id=command_id: not records.is_held(state, command_id), timeout=15,
+                 what=f"the supervisor of {command_id} to end")
+
+
+@pytest.fixture
+def up(box, servers):
+    server = servers(SERVER + ["up", "--agent", str(box.root), "--no-way-in"], env=box.env)
+    server.initialize()
+    return server
+
+
+def start(server, **arguments) -> str:
+    result = server.call("start", arguments, meta=META)
+    assert "isError" not in result, text_of(result)
+    return result["structuredContent"]["id"]
+
+
+def state_of(box) -> str:
+    return str(box.root / "State")
+
+
+def wait_record(box, command_id, condition, what):
+    return wait_for(lambda: (r := records.load(state_of(box), command_id)) and condition(r) and r,
+                    timeout=15, what=what)
+
+
+def program_pid(box, marker: str) -> int:
+    path = box.files / "work" / marker
+    wait_for(lambda: path.exists() and path.read_text().strip(), what=f"{marker} to be written")
+    # The pid inside the sandbox's namespace is not the host's: find the host's by its marker.
+    inside = path.read_text().strip()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            ns_pids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+            if len(ns_pids) > 1 and ns_pids[-1] == inside and Path(f"/proc/{pid}/comm").read_text().strip() == "sh":
+                return int(pid)
+    raise AssertionError("the program's host pid was not found")
+
+
+def test_a_background_command_runs_in_the_sandbox_and_writes_only_work(up, box):
+    command_id = start(up, program="sh", args=["-c", "echo inside > work/out; echo x > chats/no; echo done"])
+    ended = wait_record(box, command_id, lambda r: r["state"] == "exited", "the end")
+    assert (box.files / "work" / "out").read_text() == "inside\n"
+    assert not (box.files / "chats" / "no").exists()
+    output = (box.files / "background" / f"{command_id}.out").read_bytes()
+    assert b"Read-only file system" in output and output.endswith(b"done\n")
+    assert ended["exit"] == 0
+
+
+def test_a_background_command_cannot_write_its_own_output_file(up, box):
+    command_id = start(up, program="sh", args=["-c", "echo forged > background/$(ls background | head -1); echo $?"])
+    wait_record(box, command_id, lambda r: r["state"] == "exited", "the end")
+    output = (box.files / "background" / f"{command_id}.out").read_bytes()
+    assert b"forged" not in output and b"Read-only file system" in output
+
+
+def test_stop_gives_the_program_its_term_inside_the_sandbox_then_the_rest_dies(up, box):
+    command_id = start(up, program="sh", args=["-c", (
+        "trap 'echo got term; exit 7' TERM; echo $$ > work/pid; (sleep 100 &); while :; do sleep 0.05; done")])
+    wait_record(box, command_id, lambda r: r["state"] == "running", "running")
+    program = program_pid(box, "pid")
+    result = up.call("stop", {"id": command_id}, meta=META)
+    value = result["structuredContent"]
+    assert value["state"] == "stopped"
+    assert b"got term" in (box.files / "background" / f"{command_id}.out").read_bytes()
+    assert not pid_alive(program)
+
+
+def test_a_killed_supervisor_takes_the_whole_sandbox_with_it(up, box):
+    command_id = start(up, program="sh", args=["-c", "echo $$ > work/pid; (setsid sleep 100 &); sleep 100"])
+    running = wait_record(box, command_id, lambda r: r["state"] == "running", "running")
+    program = program_pid(box, "pid")
+    gate = running["leader_pid"]
+    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(program) and not pid_alive(gate), what="the sandbox to die with its supervisor")
+
+
+def test_the_supervisor_loads_neither_the_server_nor_the_tools_nor_the_sandbox_builder(up, box):
+    command_id = start(up, program="sh", args=["-c", "true"])
+    log = Path(records.path(state_of(box), command_id, ".log"))
+    wait_for(lambda: log.exists() and "loaded" in log.read_text(), what="the supervisor's end")
+    loaded = log.read_text().split("loaded ", 1)[1].split()
+    for module in ("linkrun.server", "linkrun.tools", "linkrun.sandbox", "linkrun.up", "linkrun.proxy",
+                   "linkrun.background", "linkrun.protocol"):
+        assert module not in loaded
+    assert "linkrun.records" in loaded
+
+
+def test_a_background_command_starts_quickly_enough_to_be_worth_it(up, box):
+    # Not a benchmark (tools/bench measures): a guard against a start that waits on something.
+    started = time.monotonic()
+    command_id = start(up, program="sh", args=["-c", "true"])
+    assert time.monotonic() - started < 2
+    wait_record(box, command_id, lambda r: r["state"] == "exited", "the end")

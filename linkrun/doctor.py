@@ -103,6 +103,10 @@ def scope_works() -> tuple[bool, str]:
     systemd_run = sandbox.find_system("systemd-run")
     if systemd_run is None:
         return False, "systemd-run is not installed"
+    # No user bus, no user manager to ask: say so without a spawn that fails.
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    if not os.environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(os.path.join(runtime, "bus")):
+        return False, "no user session bus (systemd --user is not running for this user)"
     try:
         done = subprocess.run([systemd_run, "--user", "--scope", "--quiet", "--", "true"],
                               capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)

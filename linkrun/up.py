@@ -168,5 +168,13 @@ def main(argv: list[str]) -> int:
     command = plan(argv, os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
+    serve_at = command.index("serve") if "serve" in command else -1
+    if command[0] == sys.executable and serve_at == 4:
+        # serve in this process: the same program an exec would start, without
+        # paying a second interpreter start and its imports (about half of
+        # up's time to its first answer). The scope path must exec.
+        from . import server
+
+        return server.main(command[serve_at + 1:])
     os.execv(command[0], command)
     return 127  # not reached

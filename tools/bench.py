@@ -360,7 +360,58 @@ def told(files: str):
     row("spawn → initialize with 1,000 records", f"{median_ms(starts):.1f} ms", "target ≤ 100 ms")
 
 
-GROUPS = {"foundation": foundation, "background": background, "told": told}
+def sandbox(files: str):
+    print("sandbox: up and the bubblewrap sandbox")
+    scratch = os.path.dirname(files)
+    agent = os.path.join(scratch, "agent")
+    env = {"HOME": os.path.join(scratch, "home"), "PATH": os.environ.get("PATH", SYSTEM_PATH)}
+    starts = []
+    for _ in range(10):
+        t = time.perf_counter()
+        server = Server(SERVER + ["up", "--agent", agent])
+        server.process.env = env
+        server.send(INIT)
+        answered, _ = server.wait(0)
+        starts.append(answered - t)
+        server.close()
+    row("up (embedded defaults) → initialize answered", f"{median_ms(starts):.1f} ms", "target ≤ 150 ms")
+
+    # A call of /bin/true through up's sandbox, against a bare run of the same bwrap argv.
+    plan = subprocess.run(SERVER + ["sandbox", "--agent", agent, "--print", "--", "/bin/true"],
+                          capture_output=True, text=True, check=True).stdout
+    import shlex
+
+    argv = shlex.split(plan.strip().splitlines()[-1])
+    bare_argv = [a for a in argv]
+    # The printed argv binds work/ by a descriptor of the printing process: bind it by path here.
+    while "--bind-fd" in bare_argv:
+        index = bare_argv.index("--bind-fd")
+        bare_argv[index:index + 3] = ["--bind", bare_argv[index + 2], bare_argv[index + 2]]
+    server = Server(SERVER + ["up", "--agent", agent])
+    server.send(INIT)
+    server.wait(0)
+    bare, through = [], []
+    for index in range(1, 101):
+        t = time.perf_counter()
+        subprocess.run(bare_argv, check=True)
+        bare.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        server.call(index, {"program": "sh", "args": ["-c", "exit 0"]})
+        server.wait(index)
+        through.append(time.perf_counter() - t)
+    t_sh = []
+    sh_argv = bare_argv[:-1] + ["/usr/bin/sh", "-c", "exit 0"]
+    for _ in range(100):
+        t = time.perf_counter()
+        subprocess.run(sh_argv, check=True)
+        t_sh.append(time.perf_counter() - t)
+    row("command `sh -c 'exit 0'` through up's sandbox", f"{median_ms(through):.2f} ms", "target ≤ +2 ms",
+        f"bare bwrap of the same argv: {median_ms(t_sh):.2f} ms (+{median_ms(through) - median_ms(t_sh):.2f} ms); "
+        f"/bin/true bare: {median_ms(bare):.2f} ms")
+    server.close()
+
+
+GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told}
 
 
 def main(argv: list[str]) -> int:

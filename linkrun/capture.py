@@ -32,6 +32,25 @@ class Capture:
                 del self.tail[:excess]
 
     @property
+    def head_full(self) -> bool:
+        return len(self.head) >= self._head_room
+
+    @property
+    def tail_size(self) -> int:
+        return self._tail_size
+
+    def skip(self, count: int, last: bytes) -> None:
+        """`count` bytes went by with the head full; `last` are their final bytes."""
+        self.total += count
+        if len(last) >= self._tail_size:
+            self.tail[:] = last[len(last) - self._tail_size:]
+        else:
+            self.tail += last
+            excess = len(self.tail) - self._tail_size
+            if excess > 0:
+                del self.tail[:excess]
+
+    @property
     def left_out(self) -> int:
         return self.total - len(self.head) - len(self.tail)
 

@@ -158,6 +158,56 @@ def _kill_later(pgid: int, process: subprocess.Popen):
     timer.start()
 
 
+class Skimmer:
+    """Drains a stream whose head is already kept, copying only its tail.
+
+    A flood spends its time copying pages out of the pipe. Once the head is
+    full only the last bytes matter, so each chunk is tee'd (by reference) to
+    a side pipe, the stream's own copy spliced to /dev/null, and of the side
+    copy only the last tail-size bytes are read: a gigabyte passes in about
+    the time `cat` takes to copy it, or less.
+    """
+
+    _tee = None
+
+    def __init__(self):
+        if Skimmer._tee is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            tee = libc.tee
+            tee.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint)
+            tee.restype = ctypes.c_ssize_t
+            Skimmer._tee = (tee, ctypes.get_errno)
+        self.side_r, self.side_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            fcntl.fcntl(self.side_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass
+        self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+
+    def skim(self, fd: int, capture: Capture) -> int:
+        tee, get_errno = Skimmer._tee
+        count = tee(fd, self.side_w, CHUNK, 0)
+        if count < 0:
+            raise OSError(get_errno(), "tee")
+        if count == 0:
+            return 0
+        os.splice(fd, self.null, count)
+        keep = min(count, capture.tail_size)
+        if count > keep:
+            os.splice(self.side_r, self.null, count - keep)
+        last = b""
+        while len(last) < keep:
+            last += os.read(self.side_r, keep - len(last))
+        capture.skip(count, last)
+        return count
+
+    def close(self):
+        for fd in (self.side_r, self.side_w, self.null):
+            os.close(fd)
+
+
 def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
     """The call's loop: output, input, the child's exit, the deadline.
 
@@ -183,6 +233,8 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
 
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
+    skimmers: dict[int, Skimmer] = {}
+    plain: set[int] = set()
     exit_code = signal_number = None
     exited_at = None
     group_killed = timed_out = False
@@ -223,10 +275,18 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
                     process.stdin.close()
                     stdin_fd = None
             elif fd in streams:
-                count = os.readv(fd, [view])
-                if count:
-                    streams[fd].feed(view[:count])
+                capture = streams[fd]
+                if capture.head_full and fd not in plain:
+                    try:
+                        count = skimmers.setdefault(fd, Skimmer()).skim(fd, capture)
+                    except OSError:
+                        plain.add(fd)  # no tee here: copy as usual
+                        continue
                 else:
+                    count = os.readv(fd, [view])
+                    if count:
+                        capture.feed(view[:count])
+                if not count:
                     poller.unregister(fd)
                     del streams[fd]
         if progress is not None and boottime() - last_progress >= PROGRESS_EVERY:
@@ -235,6 +295,8 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
                 progress(total)
                 reported = total
             last_progress = boottime()
+    for skimmer in skimmers.values():
+        skimmer.close()
     if stdin_fd is not None:
         process.stdin.close()
     for fd in list(streams):

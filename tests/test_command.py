@@ -91,6 +91,18 @@ def test_a_flood_of_a_gigabyte_keeps_its_start_and_end(server):
     assert f"[… {1073741832 - 16384} bytes left out …]" in text
 
 
+def test_the_tail_is_kept_across_many_small_writes_after_the_head_is_full(servers, files):
+    server = servers(serve_argv(files, output="20"))
+    server.initialize()
+    script = "printf 0123456789; for i in 1 2 3 4 5 6 7; do printf ab; sleep 0.02; done; printf XYZ"
+    result = run(server, program="sh", args=["-c", script])
+    stream = "0123456789" + "ab" * 7 + "XYZ"
+    text = text_of(result)
+    assert text.split("\n")[2] == stream[:10]
+    assert text.split("\n")[4] == stream[-10:]
+    assert result["structuredContent"]["output_bytes"] == len(stream)
+
+
 def test_invalid_utf8_is_answered_with_replacement_characters(server):
     result = run(server, program="sh", args=["-c", "printf 'a\\377\\376b'"])
     assert "a\ufffd\ufffdb" in text_of(result)

@@ -126,6 +126,7 @@ class Background:
         self.state = self.b.state
         self.files_fd = files_fd_getter
         self.watcher = Watcher(self)
+        self.supervisor_argv = None  # found at the first start
 
     # -- start ----------------------------------------------------------------
 
@@ -249,8 +250,13 @@ class Background:
         log = os.open(records.path(self.state, command_id, ".log"),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
+            if self.supervisor_argv is None:
+                from .supervise import script_argv
+
+                self.supervisor_argv = script_argv("ID", "STATE")
+            argv = [command_id if a == "ID" else self.state if a == "STATE" else a for a in self.supervisor_argv]
             intermediate = subprocess.Popen(
-                [sys.executable, "-I", "-m", "linkrun", "supervise", command_id, "--state", self.state],
+                argv,
                 stdin=lock_fd, stdout=subprocess.DEVNULL, stderr=log,
                 start_new_session=True, close_fds=True, cwd="/",
             )

@@ -16,18 +16,56 @@ import os
 import sys
 
 
+WATCH_PENDING = 0.01
+USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not by hand)"
+
+
 def main(argv: list[str]) -> int:
+    """`lnk-link-run supervise <id> --state <dir>`: fork, then supervise."""
     if len(argv) != 3 or argv[1] != "--state":
-        print("usage: lnk-link-run supervise <id> --state <dir> (started by serve, not by hand)", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     if os.fork():
         os._exit(0)  # the intermediate: serve reaps it at once
+    return supervise(argv[0], argv[2])
+
+
+def supervise(command_id: str, state: str) -> int:
     from .records import ID
 
-    if not ID.match(argv[0]):
-        print(f"supervise: {argv[0]!r} is not a command id", file=sys.stderr)
+    if not ID.match(command_id):
+        print(f"supervise: {command_id!r} is not a command id", file=sys.stderr)
         return 2
-    return Supervisor(argv[0], os.path.abspath(argv[2])).run()
+    return Supervisor(command_id, os.path.abspath(state)).run()
+
+
+def script_argv(command_id: str, state: str) -> list[str]:
+    """How serve starts a supervisor: `python -I -S -c BOOT <folders> <id> --state <dir>`.
+
+    Without site the interpreter starts in about half the time, and serve
+    waits for that start (the intermediate's exit) in every `start`; the
+    script forks first, then puts our package and its libraries on sys.path.
+    The same steps as `lnk-link-run supervise <id> --state <dir>`.
+    """
+    import importlib.util
+
+    folders = []
+    for name in ("linkrun", "orjson", "watchdog"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            folder = os.path.dirname(os.path.dirname(spec.origin))
+            if folder not in folders:
+                folders.append(folder)
+    return [sys.executable, "-I", "-S", "-c", BOOT, os.pathsep.join(folders), command_id, "--state", state]
+
+
+# The whole script serve runs: tiny, so that it compiles in no time (a script
+# file is compiled at every run; a module comes from its cached bytecode).
+BOOT = ("import os, sys\n"
+        "if os.fork(): os._exit(0)\n"
+        "sys.path[:0] = sys.argv[1].split(os.pathsep)\n"
+        "from linkrun.supervise import supervise\n"
+        "sys.exit(supervise(sys.argv[2], sys.argv[4]))\n")
 
 
 class Supervisor:
@@ -67,8 +105,17 @@ class Supervisor:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
         self.stop_path = records.path(self.state, self.id, ".stop")
+        # 2. Watch for the stop file, on a thread of its own: importing
+        # watchdog takes longer than everything else here, and the program
+        # need not wait for it. Until the watch is set, the loop looks for the
+        # stop file every WATCH_PENDING seconds; once it is set the loop looks
+        # once more, so a stop that came before the watch is never lost.
+        import threading
+
         self.observer = None
-        self.poll_every = None
+        self.poll_every = WATCH_PENDING
+        self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
+        self.watching.start()
         from .outfile import OutputFile
         try:
             self.output = OutputFile.create(record["files"], self.id, record["background_output"],
@@ -103,12 +150,6 @@ class Supervisor:
         os.write(self.control, b"G")
         os.close(self.control)
         self.began = boottime()
-        # 2. Watch for the stop file, then look once: a stop that came before
-        # the watch is not lost. Set up after `G`, not before step 3 as the
-        # design orders it: importing watchdog takes longer than everything
-        # else here, and the check after the watch is what keeps a stop from
-        # being lost, so the program need not wait for it.
-        self.observer = self.watch_stop()
         try:
             return self.loop()
         except Exception:
@@ -143,12 +184,15 @@ class Supervisor:
             observer.schedule(StopHandler(), self.state, recursive=False)
             observer.daemon = True
             observer.start()
+            self.observer = observer
             self.poll_every = None
-            return observer
         except OSError as problem:  # inotify instances or watches ran out
             self.log(f"cannot watch the state folder ({problem}); checking for a stop every 250 ms")
             self.poll_every = 0.25
-            return None
+        try:
+            os.write(self.wake_w, b"w")  # the loop looks for the stop file once more
+        except BlockingIOError:
+            pass
 
     # -- step 3 ---------------------------------------------------------------
 
@@ -325,6 +369,7 @@ class Supervisor:
         # sweep when the agent is back, not now.
         if record["told"] == "untold" and state != "lost":
             self.tell()
+        self.watching.join()
         if self.observer is not None:
             self.observer.stop()
         # What this process loaded of ours, for the log (and a test that keeps it small).
@@ -341,3 +386,4 @@ class Supervisor:
 
     def log(self, text: str):
         print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)
+

@@ -13,11 +13,12 @@ class Programs:
     """The allowlist of `--program`: bare names found on the programs path,
     absolute paths, or `*` for any of either."""
 
-    def __init__(self, allowed: tuple[str, ...], search_path: str):
+    def __init__(self, allowed: tuple[str, ...], search_path: str, sandbox: tuple[str, ...] = ()):
         self.any = "*" in allowed
         self.names = tuple(p for p in allowed if p != "*" and not p.startswith("/"))
         self.paths = tuple(p for p in allowed if p.startswith("/"))
         self.search_path = search_path
+        self.bound = bound_folders(sandbox)
 
     def offered(self) -> list[str]:
         """What this machine has of the allowlist, for the instructions."""
@@ -44,7 +45,13 @@ class Programs:
                 raise Refused(f"program {program!r} is not a plain absolute path", "give it without '.' or '..'")
             if not _executable(program):
                 raise Refused(f"program {program} is not found or not executable", self.allowed_text())
-            if self.any or program in self.paths or any(self._which(n) == program for n in self.names):
+            if program in self.paths or any(self._which(n) == program for n in self.names):
+                return program
+            if self.any:
+                if self.bound is not None and not any(_inside(os.path.realpath(program), b) for b in self.bound):
+                    raise Refused(f"program {program} is not visible in the sandbox",
+                                  "its folder is not shown inside; run a program of the system folders, "
+                                  "or name this one in the sandbox file's [commands] allow")
                 return program
             raise Refused(f"program {program} is not allowed", self.allowed_text())
         if not (self.any or program in self.names):
@@ -73,3 +80,18 @@ def _executable(path: str) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(mode) and os.access(path, os.X_OK)
+
+
+_BINDS = {"--bind", "--ro-bind", "--bind-try", "--ro-bind-try", "--dev-bind", "--dev-bind-try"}
+
+
+def bound_folders(sandbox: tuple[str, ...]) -> list[str] | None:
+    """The host folders a bubblewrap argv shows inside (a bind's source), or
+    None for a sandbox that is no bubblewrap (a pass-through shows everything)."""
+    if not any(os.path.basename(arg) == "bwrap" for arg in sandbox):
+        return None
+    return [sandbox[i + 1] for i, arg in enumerate(sandbox[:-2]) if arg in _BINDS]
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")

@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from .errors import LinkRunError
+from .errors import LinkRunError, UsageError
 
 VERSION = 1
 ID = re.compile(r"^[a-z2-7]{16}$")
@@ -45,6 +45,38 @@ def ensure_state(state: str) -> None:
                            "check its parent folder's permissions") from None
     if os.path.islink(state) or not os.path.isdir(state):
         raise LinkRunError(f"the state folder {state} is not a folder", "give a folder of its own")
+
+
+UNTRUSTED_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse", "9p")
+
+
+def filesystem_of(path: str, mountinfo: str | None = None) -> str:
+    """The type of the filesystem that holds `path` (or, when it does not
+    exist yet, its nearest existing parent), from /proc/self/mountinfo."""
+    path = os.path.realpath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if mountinfo is None:
+        with open("/proc/self/mountinfo") as f:
+            mountinfo = f.read()
+    best, kind = "", "unknown"
+    for line in mountinfo.splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = parts[4].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, rest.split()[0]
+    return kind
+
+
+def check_filesystem(state: str) -> None:
+    """flock and inotify do not hold on network and FUSE filesystems: refuse them."""
+    kind = filesystem_of(state)
+    if kind.split(".")[0] in UNTRUSTED_FILESYSTEMS:
+        raise UsageError(f"--state {state} is on a {kind} filesystem, where locks and file watches do not hold",
+                           "give a state folder on a local disk")
 
 
 def load(state: str, command_id: str) -> dict | None:

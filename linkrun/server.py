@@ -355,6 +355,10 @@ def main(argv: list[str]) -> int:
         print(f"usage: {SERVE_USAGE}")
         return 0
     settings = parse_serve(argv)
+    if settings.background is not None:
+        from .records import check_filesystem
+
+        check_filesystem(settings.background.state)
     # Clients pass almost no environment (no LANG): our streams are bytes, and
     # texts we print on stderr must not depend on the locale.
     sys.stderr.reconfigure(encoding="utf-8", errors="replace")

@@ -107,7 +107,6 @@ def end_abandoned(state: str, record: dict) -> None:
     else:
         kill_if_own(record)
         record.update(state="lost", ended=last_sign_of_life(state, record))
-        record["lost_at_least"] = True
     if record.get("told") != "no way in":
         record["told"] = "untold"
     records.write(state, record["id"], record)

@@ -81,7 +81,7 @@ class Tools:
 
     def __init__(self, settings: Serve):
         self.settings = settings
-        self.programs = Programs(settings.programs, settings.programs_path)
+        self.programs = Programs(settings.programs, settings.programs_path, settings.sandbox)
         self.offered = self.programs.offered()
         self._files_fd = None
         self.table: dict[str, dict] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -403,3 +404,29 @@ def test_an_old_record_still_loads(tmp_path):
                            "output", "background_output", "keep", "way_in", "as", "keyring", "thread", "hops",
                            "state", "group", "leader_pid", "leader_start", "boot_id", "inode", "kept_from",
                            "bytes", "ended", "exit", "signal", "told", "first_try", "sweep_first_try", "told_at"}
+
+
+def test_a_state_folder_on_a_network_filesystem_is_refused(tmp_path, files):
+    mountinfo = (f"22 27 0:21 / / rw - ext4 /dev/sda1 rw\n"
+                 f"40 22 0:50 / {tmp_path} rw - nfs4 server:/export rw\n")
+    assert records.filesystem_of(str(tmp_path / "state"), mountinfo) == "nfs4"
+    assert records.filesystem_of("/", mountinfo) == "ext4"
+    # And serve refuses to start on what this machine's mounts say, for a local one it starts.
+    done = subprocess.run(background_argv(files, tmp_path / "state"), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+
+
+def test_star_refuses_an_absolute_program_not_visible_in_the_sandbox(tmp_path):
+    from linkrun.errors import Refused
+    from linkrun.programs import Programs
+
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    sandbox = ("/usr/bin/bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin")
+    programs = Programs(("*",), "/usr/bin:/bin", sandbox)
+    assert programs.resolve("/usr/bin/env") == "/usr/bin/env"
+    with pytest.raises(Refused, match="not visible in the sandbox"):
+        programs.resolve(str(tool))
+    assert Programs(("*",), "/usr/bin:/bin", ("/usr/bin/env",)).resolve(str(tool)) == str(tool)

@@ -165,8 +165,7 @@ class Background:
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
                                    f"its log is {records.path(self.state, command_id, '.log')}")
-            with open(os.path.join(self.state, "starts"), "a") as f:
-                f.write(f"{record['started']:.3f}\n")
+            self.count_start(record["started"])
         return {"id": command_id, "output": f"background/{command_id}.out"}
 
     def background_folder(self, create: bool = True) -> int:
@@ -219,6 +218,20 @@ class Background:
             frees = datetime.fromtimestamp(min(starts) + DAY).astimezone().isoformat(timespec="seconds")
             raise Refused(f"{len(starts)} background commands started in the last 24 hours, the most in a day",
                           f"a place frees up at {frees}")
+
+    def count_start(self, when: float):
+        """Append a start to `starts` (under start.lock); now and then drop
+        the lines older than a day, so the file stays small."""
+        path = os.path.join(self.state, "starts")
+        with open(path, "a") as f:
+            f.write(f"{when:.3f}\n")
+            size = f.tell()
+        if size > 64 * 1024:
+            recent = self.starts_since(records.now() - DAY)
+            temporary = path + ".new"
+            with open(temporary, "w") as f:
+                f.writelines(f"{t:.3f}\n" for t in recent)
+            os.replace(temporary, path)
 
     def starts_since(self, since: float) -> list[float]:
         now = records.now()

@@ -25,7 +25,6 @@ VERSION = 1
 ID = re.compile(r"^[a-z2-7]{16}$")
 RUNNING_STATES = ("starting", "running")
 ENDED_STATES = ("exited", "stopped", "timed out", "lost", "failed to start")
-SUFFIXES = (".json", ".in", ".log", ".stop", ".stop.new")
 
 
 def new_id() -> str:

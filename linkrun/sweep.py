@@ -65,15 +65,18 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict:
         return counts  # another sweep runs
     try:
         reachable = [True]  # one unreachable way in stops the telling for this run
-        for command_id in records.ids(state):
-            sweep_record(state, command_id, override, reachable, counts)
+        names = os.listdir(state)
+        for name in names:
+            command_id = name[:-5]
+            if name.endswith(".json") and records.ID.match(command_id):
+                sweep_record(state, command_id, override, reachable, counts, names)
     finally:
         os.close(lock)
     return counts
 
 
 def sweep_record(state: str, command_id: str, override: telling.WayIn | None = None,
-                 reachable: list | None = None, counts: dict | None = None) -> None:
+                 reachable: list | None = None, counts: dict | None = None, names: list[str] | None = None) -> None:
     """Mend one record whose supervisor is gone; nothing when its lock is held."""
     counts = counts if counts is not None else {"ended": 0, "told": 0, "removed": 0}
     reachable = reachable if reachable is not None else [True]
@@ -94,7 +97,7 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
             elif outcome == "not reached":
                 reachable[0] = False
         if record.get("told") in ("told", "given up", "no way in") and expired(record):
-            remove_files(state, record)
+            remove_files(state, record, names)
             counts["removed"] += 1
     finally:
         os.close(fd)
@@ -164,11 +167,17 @@ def expired(record: dict) -> bool:
     return min(ended, records.now()) + record.get("keep", 0) <= records.now()
 
 
-def remove_files(state: str, record: dict) -> None:
-    """A record's files, its output, then its lock last (the caller holds it)."""
+def remove_files(state: str, record: dict, names: list[str] | None = None) -> None:
+    """A record's files, its output, then its lock last (the caller holds it).
+
+    `names` is the state folder's listing, when the caller has one.
+    """
     command_id = record["id"]
-    for suffix in records.SUFFIXES:
-        _unlink(records.path(state, command_id, suffix))
+    # Every file of it: the record, its input, log and stop file, and what a
+    # write cut short left beside them (`<id>.json.<random>.tmp`).
+    for name in names if names is not None else os.listdir(state):
+        if name.startswith(command_id + ".") and name != command_id + ".lock":
+            _unlink(os.path.join(state, name))
     try:
         from .outfile import open_background
 

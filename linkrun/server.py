@@ -208,7 +208,6 @@ class Session:
             value = {
                 "supportedVersions": list(MODERN_VERSIONS + LEGACY_VERSIONS[::-1]),
                 "capabilities": {"tools": {}},
-                "serverInfo": SERVER_INFO,
                 "instructions": self.instructions,
                 "ttlMs": 0,
                 "cacheScope": "private",

@@ -40,12 +40,17 @@ def supervise(command_id: str, state: str) -> int:
 
 
 def script_argv(command_id: str, state: str) -> list[str]:
-    """How serve starts a supervisor: `python -I -S -c BOOT <folders> <id> --state <dir>`.
+    """How serve starts a supervisor, detached: a shell that starts
+    `python -I -S -c BOOT <folders> <id> --state <dir>` in the background and
+    exits at once.
 
-    Without site the interpreter starts in about half the time, and serve
-    waits for that start (the intermediate's exit) in every `start`; the
-    script forks first, then puts our package and its libraries on sys.path.
-    The same steps as `lnk-link-run supervise <id> --state <dir>`.
+    The shell is the intermediate the design's own fork makes: serve waits
+    only for its exit (a millisecond, not an interpreter's start), and the
+    supervisor it leaves is not serve's child. A background job's input
+    would be /dev/null, so the lock (serve's stdin for it) is kept on fd 3
+    and handed over explicitly. Without site, the interpreter starts in
+    about half the time; BOOT puts our package and its libraries on
+    sys.path. The same steps as `lnk-link-run supervise <id> --state <dir>`.
     """
     import importlib.util
 
@@ -56,13 +61,14 @@ def script_argv(command_id: str, state: str) -> list[str]:
             folder = os.path.dirname(os.path.dirname(spec.origin))
             if folder not in folders:
                 folders.append(folder)
-    return [sys.executable, "-I", "-S", "-c", BOOT, os.pathsep.join(folders), command_id, "--state", state]
+    python = [sys.executable, "-I", "-S", "-c", BOOT, os.pathsep.join(folders), command_id, "--state", state]
+    return ["/bin/sh", "-c", 'exec 3<&0; "$@" <&3 3<&- &', "sh", *python]
 
 
-# The whole script serve runs: tiny, so that it compiles in no time (a script
-# file is compiled at every run; a module comes from its cached bytecode).
+# The whole script the supervisor starts with: tiny, so that it compiles in
+# no time (a script is compiled at every run; a module comes from its cached
+# bytecode).
 BOOT = ("import os, sys\n"
-        "if os.fork(): os._exit(0)\n"
         "sys.path[:0] = sys.argv[1].split(os.pathsep)\n"
         "from linkrun.supervise import supervise\n"
         "sys.exit(supervise(sys.argv[2], sys.argv[4]))\n")
@@ -105,17 +111,17 @@ class Supervisor:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
         self.stop_path = records.path(self.state, self.id, ".stop")
-        # 2. Watch for the stop file, on a thread of its own: importing
-        # watchdog takes longer than everything else here, and the program
-        # need not wait for it. Until the watch is set, the loop looks for the
-        # stop file every WATCH_PENDING seconds; once it is set the loop looks
-        # once more, so a stop that came before the watch is never lost.
+        # 2. Watch for the stop file, on a thread of its own started once the
+        # program runs: importing watchdog takes longer than everything else
+        # here, and the program need not wait for it. Until the watch is set,
+        # the loop looks for the stop file every WATCH_PENDING seconds; once
+        # it is set the loop looks once more, so no stop is ever lost (and
+        # step 4 looks before `G`).
         import threading
 
         self.observer = None
         self.poll_every = WATCH_PENDING
         self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
-        self.watching.start()
         from .outfile import OutputFile
         try:
             self.output = OutputFile.create(record["files"], self.id, record["background_output"],
@@ -130,8 +136,8 @@ class Supervisor:
         # 3. The gate, from this (main) thread: its death signal follows this thread.
         try:
             self.spawn_gate()
-        except OSError as problem:
-            self.log(f"cannot start the gate: {problem}")
+        except Exception as problem:  # OSError, or a link planted on its folders since start
+            self.log(f"nothing ran: {problem}")
             return self.finish("failed to start", None, None)
 
         # 4. The record names the group before anything runs.
@@ -150,6 +156,7 @@ class Supervisor:
         os.write(self.control, b"G")
         os.close(self.control)
         self.began = boottime()
+        self.watching.start()  # only now: its imports would compete with the steps above
         try:
             return self.loop()
         except Exception:
@@ -197,11 +204,29 @@ class Supervisor:
     # -- step 3 ---------------------------------------------------------------
 
     def spawn_gate(self):
+        """Step 3. The per-call part of the sandbox argv is built here, as
+        serve builds it, and its descriptors handed to the gate: the gate
+        itself only arms its death signal, waits for `G` and execs."""
         import subprocess
 
-        import orjson
+        from . import beneath
 
         record = self.record
+        files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds: list[int] = []
+        try:
+            folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
+            fds.append(folder_fd)
+            part = []
+            if record["write"] or record["proxy"]:
+                from . import percall
+
+                part, opened = percall.call_part(files_fd, record["files"], record["write"], record["proxy"],
+                                                 record["folder"])
+                fds += opened
+        finally:
+            os.close(files_fd)
+        argv = list(record["argv"]) + part + ["--"] + list(record["program_argv"])
         control_r, self.control = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         self.out_r = out_r
@@ -212,26 +237,20 @@ class Supervisor:
             stdin = os.open(input_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             stdin = subprocess.DEVNULL
-        command = list(record["program_argv"])
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
         try:
             self.gate = subprocess.Popen(
-                [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r)],
-                stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r,),
-                process_group=0, close_fds=True,
+                [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), *argv],
+                stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *fds[1:]),
+                cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True,
             )
         finally:
-            os.close(control_r)
-            os.close(out_w)
+            for fd in (control_r, out_w, *fds):
+                os.close(fd)
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
                 os.unlink(input_path)  # fed: the gate holds it open now
         self.pidfd = os.pidfd_open(self.gate.pid)
-        spec = {
-            "files": record["files"], "folder": record["folder"], "write": record["write"],
-            "proxy": record["proxy"], "sandbox": record["argv"], "command": command,
-        }
-        os.write(self.control, orjson.dumps(spec) + b"\n")
 
     # -- steps 5 to 8: one loop -----------------------------------------------
 
@@ -369,7 +388,8 @@ class Supervisor:
         # sweep when the agent is back, not now.
         if record["told"] == "untold" and state != "lost":
             self.tell()
-        self.watching.join()
+        if self.watching.is_alive():
+            self.watching.join()
         if self.observer is not None:
             self.observer.stop()
         # What this process loaded of ours, for the log (and a test that keeps it small).

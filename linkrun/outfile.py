@@ -17,6 +17,7 @@ import os
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
+COALESCE = 0.0005  # seconds to let output gather between moves while it flows
 # Read and write: a rotation copies the newest bytes out of the old file.
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 RETRY_FULL_DISK = 1.0
@@ -58,8 +59,8 @@ class OutputFile:
             raise
         return cls(folder_fd, name, fd, cap, on_rotate)
 
-    def pump(self, pipe_fd: int) -> bool:
-        """Move what the pipe holds into the file; False at EOF."""
+    def pump(self, pipe_fd: int) -> int:
+        """Move what the pipe holds into the file; the bytes moved, 0 at EOF."""
         import time
 
         if self.full_until and time.monotonic() < self.full_until:
@@ -92,12 +93,12 @@ class OutputFile:
                 self.on_rotate(self.inode, self.kept_from)
             return self._drop(pipe_fd)
         if moved == 0:
-            return False
+            return 0
         self.total += moved
         self.size += moved
         if self.size >= 2 * self.cap:
             self._restart(keep=self.cap)
-        return True
+        return moved
 
     def _copy(self, pipe_fd: int) -> int:
         if self.buffer is None:
@@ -108,16 +109,16 @@ class OutputFile:
             view = view[os.write(self.fd, view):]
         return count
 
-    def _drop(self, pipe_fd: int) -> bool:
+    def _drop(self, pipe_fd: int) -> int:
         if self.null is None:
             self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         moved = os.splice(pipe_fd, self.null, CHUNK)
         if moved == 0:
-            return False
+            return 0
         self.total += moved
         if self.size == 0:
             self.kept_from = self.total  # nothing kept: the file starts here
-        return True
+        return moved
 
     def _restart(self, keep: int):
         """Steps (a) to (e): a new file holding the newest `keep` bytes takes the old one's place."""

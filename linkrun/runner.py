@@ -15,6 +15,7 @@ import os
 import select
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 
 from . import beneath
@@ -26,6 +27,7 @@ CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
 LEFTOVER_GRACE = 1.0
 PROGRESS_EVERY = 0.25
+COALESCE = 0.0005  # seconds to let output gather between reads while it flows
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,10 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
     if data:
         stdin_fd = process.stdin.fileno()
         os.set_blocking(stdin_fd, False)
+        try:
+            fcntl.fcntl(stdin_fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass
         pending = memoryview(data)
         poller.register(stdin_fd, select.POLLOUT)
 
@@ -235,6 +241,7 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
     view = memoryview(buffer)
     skimmers: dict[int, Skimmer] = {}
     plain: set[int] = set()
+    flowing = False
     exit_code = signal_number = None
     exited_at = None
     group_killed = timed_out = False
@@ -289,6 +296,13 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
                 if not count:
                     poller.unregister(fd)
                     del streams[fd]
+                elif count < CHUNK:
+                    flowing = True
+        if flowing:
+            # Let the pipe fill a little before the next wake: a flood written
+            # 8 KiB at a time would otherwise wake us for every write.
+            time.sleep(COALESCE)
+            flowing = False
         if progress is not None and boottime() - last_progress >= PROGRESS_EVERY:
             total = output.total + errors.total
             if total != reported:

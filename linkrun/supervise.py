@@ -257,6 +257,9 @@ class Supervisor:
     def loop(self) -> int:
         import select
         import signal
+        import time
+
+        from .outfile import CHUNK, COALESCE
 
         from .child import SLICE, boottime, exit_status, kill_group
 
@@ -298,9 +301,14 @@ class Supervisor:
                 wake = min(wake, self.poll_every)
             for fd, _event in poller.poll(max(0.0, wake) * 1000):
                 if fd == self.out_r:
-                    if not self.output.pump(self.out_r):
+                    moved = self.output.pump(self.out_r)
+                    if not moved:
                         poller.unregister(self.out_r)
                         pipe_open = False
+                    elif moved < CHUNK:
+                        # Let the pipe fill a little: a flood written 8 KiB at a
+                        # time would otherwise wake us for every write.
+                        time.sleep(COALESCE)
                 elif fd == self.pidfd:
                     poller.unregister(self.pidfd)
                     exit_code, signal_number = exit_status(self.pidfd)

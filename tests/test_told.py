@@ -4,16 +4,14 @@ real sweeps, real signals."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 from conftest import SERVER, clean_env, pid_alive, serve_argv, text_of, wait_for
+from test_wayin import WayIn as StandIn
 
 from linkrun import records
 
@@ -21,39 +19,24 @@ META = {"link.local/thread": "conversation-1", "link.local/hops": 1}
 AGENT = "test-agent"
 
 
-class WayIn:
-    """`lnk-link-run way-in` in a process of its own; its messages, one JSON line each."""
+class WayIn(StandIn):
+    """The stand-in way in of test_wayin, read message by message."""
 
     def __init__(self, keyring: Path, *flags: str, address: str = "http://127.0.0.1:0/in"):
-        self.process = subprocess.Popen(SERVER + ["way-in", "--listen", address, "--keyring", str(keyring), *flags],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
-        line = self.process.stderr.readline().decode()
-        assert line.startswith("listening on "), line
-        self.address = line.split("listening on ", 1)[1].strip()
-        self.messages: queue.Queue = queue.Queue()
-        self.received: list[dict] = []
-        self.readers = [threading.Thread(target=self._read, daemon=True),
-                        threading.Thread(target=self.process.stderr.read, daemon=True)]
-        for reader in self.readers:
-            reader.start()
+        super().__init__(keyring, address, *flags)
+        self.taken = 0
 
-    def _read(self):
-        for line in self.process.stdout:
-            message = orjson.loads(line)
-            self.received.append(message)
-            self.messages.put(message)
+    @property
+    def received(self) -> list[dict]:
+        return self.messages()
 
     def next(self, timeout=15.0) -> dict:
-        return self.messages.get(timeout=timeout)
+        wait_for(lambda: len(self.out) > self.taken, timeout=timeout, what="a message from the way in")
+        self.taken += 1
+        return self.received[self.taken - 1]
 
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        for reader in self.readers:
-            reader.join(timeout=5)
-        self.process.stdout.close()
-        self.process.stderr.close()
+    def nothing_more(self) -> bool:
+        return len(self.out) == self.taken
 
 
 @pytest.fixture
@@ -138,7 +121,7 @@ def test_told_exactly_once_with_a_valid_signature_for_each_end(servers, files, s
         assert f"-----BEGIN OUTPUT {command_id}-----\ndone\n-----END OUTPUT {command_id}-----" in message["text"]
     wait_record(state, command_id, lambda r: r["told"] == "told", "told")
     sweep(state, "--way-in", way_in.address, "--as", AGENT, "--keyring", str(keyring))
-    assert way_in.messages.empty()
+    assert way_in.nothing_more()
     assert len([m for m in way_in.received if m["id"] == command_id]) == 1
 
 
@@ -261,7 +244,7 @@ def test_a_killed_supervisor_is_swept_lost_its_leftovers_killed_and_told_once(se
     message = way_in.next()
     assert message["id"] == command_id and "was lost" in message["text"]
     sweep(state)
-    assert way_in.messages.empty()
+    assert way_in.nothing_more()
 
 
 def test_a_group_that_now_belongs_to_a_stranger_is_not_killed(state, tmp_path, files):
@@ -324,7 +307,7 @@ def test_stop_state_leaves_them_lost_and_a_new_serve_tells_each_once(servers, fi
     for command_id in ids:
         record = records.load(str(state), command_id)
         assert (record["state"], record["told"]) == ("lost", "untold")
-    assert way_in.messages.empty()
+    assert way_in.nothing_more()
     server.close()
     again = servers(told_argv(files, state, keyring, way_in.address))
     again.initialize()

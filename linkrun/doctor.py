@@ -8,7 +8,6 @@ start: it fails there, in one line naming the fix.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -53,6 +52,46 @@ _NAMESPACE_WORDS = ("namespace", "uid map", "unshare", "loopback", "Operation no
 def probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str]) -> None:
     """Start the agent's sandbox once, as a call would, and check that it ran
     in the files folder and cannot write it. Raises LinkRunError naming the fix."""
+    start_probe(fixed, folder, write).check()
+
+
+class Probe:
+    """A probe under way: `up` starts it, does other work, then checks it."""
+
+    def __init__(self, process: subprocess.Popen, folder: agent_folder.AgentFolder):
+        self.process, self.folder = process, folder
+
+    def check(self) -> None:
+        folder = self.folder
+        try:
+            stdout, stderr = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+            raise LinkRunError("the sandbox did not start within 30 s",
+                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
+        error_line = next((line for line in stderr.splitlines() if line.strip()), "")
+        not_visible = LinkRunError(
+            f"the files folder {folder.files} is not visible inside the sandbox",
+            "move the agent's folder (up --agent) to a place of its own, such as under your home, "
+            "outside /usr, /proc, /dev and /etc")
+        if self.process.returncode != 0:
+            if folder.root in error_line:  # bwrap could not make or enter it (Can't mkdir, Can't chdir)
+                raise LinkRunError(f"{not_visible.message} ({error_line})", not_visible.hint)
+            if any(word in error_line for word in _NAMESPACE_WORDS):
+                raise LinkRunError(f"the kernel refused the sandbox its namespaces ({error_line})", namespaces_hint())
+            raise LinkRunError(f"the sandbox did not start ({error_line or f'exit {self.process.returncode}'})",
+                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}")
+        lines = stdout.splitlines()
+        real = os.stat(folder.files)
+        if lines[:2] != [folder.files, f"{real.st_dev}:{real.st_ino}"]:
+            raise LinkRunError(f"{not_visible.message} (it ran in {lines[0] if lines else '?'})", not_visible.hint)
+        if "writable" in lines[2:]:
+            raise LinkRunError(f"the files folder {folder.files} is writable inside the sandbox",
+                               "do not run the sandbox with capabilities; report this as a bug")
+
+
+def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str]) -> Probe:
     sh = sandbox.find_system("sh")
     if sh is None:
         raise LinkRunError("no sh on the system PATH", "install a shell: the sandbox is checked with it")
@@ -70,32 +109,14 @@ def probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequenc
     script = "pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi"
     argv = list(fixed) + part + ["--", sh, "-c", script]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=folder.files,
-                              pass_fds=fds, stdin=subprocess.DEVNULL, env={})
-    except (OSError, subprocess.TimeoutExpired) as error:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   cwd=folder.files, pass_fds=fds, stdin=subprocess.DEVNULL, env={})
+    except OSError as error:
         raise LinkRunError(f"the sandbox did not start: {error}", f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
     finally:
         for fd in fds:
             os.close(fd)
-    error_line = next((line for line in done.stderr.splitlines() if line.strip()), "")
-    not_visible = LinkRunError(
-        f"the files folder {folder.files} is not visible inside the sandbox",
-        "move the agent's folder (up --agent) to a place of its own, such as under your home, "
-        "outside /usr, /proc, /dev and /etc")
-    if done.returncode != 0:
-        if folder.root in error_line:  # bwrap could not make or enter it (Can't mkdir, Can't chdir)
-            raise LinkRunError(f"{not_visible.message} ({error_line})", not_visible.hint)
-        if any(word in error_line for word in _NAMESPACE_WORDS):
-            raise LinkRunError(f"the kernel refused the sandbox its namespaces ({error_line})", namespaces_hint())
-        raise LinkRunError(f"the sandbox did not start ({error_line or f'exit {done.returncode}'})",
-                           f"run lnk-link-run doctor; see {TROUBLESHOOTING}")
-    lines = done.stdout.splitlines()
-    real = os.stat(folder.files)
-    if lines[:2] != [folder.files, f"{real.st_dev}:{real.st_ino}"]:
-        raise LinkRunError(f"{not_visible.message} (it ran in {lines[0] if lines else '?'})", not_visible.hint)
-    if "writable" in lines[2:]:
-        raise LinkRunError(f"the files folder {folder.files} is writable inside the sandbox",
-                           "do not run the sandbox with capabilities; report this as a bug")
+    return Probe(process, folder)
 
 
 def scope_works() -> tuple[bool, str]:
@@ -171,7 +192,7 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     else:
         yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
             "see docs/security.md"
-    if shutil.which("socat", path=sandbox.SYSTEM_PATH) is None and settings.hosts:
+    if sandbox.find_system("socat") is None and settings.hosts:
         yield "warn", "socat is missing: the sandbox's internet relay needs it", "install socat"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 
 from .errors import Refused
@@ -70,8 +69,21 @@ class Programs:
         return "allowed: " + ", ".join(offered)
 
     def _which(self, name: str) -> str | None:
-        path = shutil.which(name, path=self.search_path)
-        return os.path.abspath(path) if path else None
+        return which(name, self.search_path)
+
+
+def which(name: str, search_path: str) -> str | None:
+    """Where a bare name is on a PATH-like list, as a shell finds it.
+
+    Not shutil.which: importing shutil (and the archive modules it loads)
+    costs serve's start more than this whole module.
+    """
+    for folder in search_path.split(os.pathsep):
+        if folder:
+            path = os.path.join(os.path.abspath(folder), name)
+            if _executable(path):
+                return path
+    return None
 
 
 def _executable(path: str) -> bool:

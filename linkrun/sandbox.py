@@ -16,7 +16,6 @@ import os
 import re
 import resource
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from . import agent as agent_folder
 from . import percall
 from .config import parse_size, split_flags
 from .errors import LinkRunError, UsageError
+from .programs import which
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Top-level system folders: on a merged-/usr system they are links into
@@ -179,7 +179,7 @@ class Host:
 
 
 def find_system(name: str) -> str | None:
-    return shutil.which(name, path=SYSTEM_PATH)
+    return which(name, SYSTEM_PATH)
 
 
 def host_facts() -> Host:

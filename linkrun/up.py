@@ -92,8 +92,8 @@ def _keep(source: str, destination: str) -> None:
     os.replace(temporary, destination)
 
 
-def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
-    """Everything `up` does but the exec: the argv it execs."""
+def _plan(argv: list[str], environ: Mapping[str, str]):
+    """Everything `up` does but the exec: the argv it execs, and the sandbox probe under way."""
     flags, rest = split_flags(argv, _VALUED, {"--no-way-in"}, set())
     if rest is not None:
         raise UsageError("up takes no program after --", f"usage: {USAGE}")
@@ -136,7 +136,7 @@ def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
     keyring = os.path.abspath(str(flags.get("--keyring") or agent_folder.default_keyring(environ)))
     fixed, kept, _ = sandbox.build(folder, settings, environ, keyring)
     write = sandbox.write_folders(settings)
-    doctor.probe(fixed, folder, write)
+    pending = doctor.start_probe(fixed, folder, write)
     if settings.hosts:
         print("lnk-link-run up: [internet] names hosts, but this version has no proxy yet: "
               "the sandbox reaches none", file=sys.stderr)
@@ -161,20 +161,32 @@ def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
         serve = [sandbox.find_system("systemd-run") or "systemd-run", "--user", "--scope", "--quiet", "--collect",
                  "-p", f"MemoryMax={limits['scope_memory']}", "-p", f"TasksMax={limits['scope_tasks']}",
                  "--description", f"Link Run agent {os.path.basename(folder.root)}", "--"] + serve
-    return serve
+    return serve, pending
+
+
+def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
+    """serve's command line, once the sandbox was checked (as `doctor` does)."""
+    command, pending = _plan(argv, environ)
+    pending.check()
+    return command
 
 
 def main(argv: list[str]) -> int:
-    command = plan(argv, os.environ)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    command, pending = _plan(argv, os.environ)
     serve_at = command.index("serve") if "serve" in command else -1
     if command[0] == sys.executable and serve_at == 4:
         # serve in this process: the same program an exec would start, without
         # paying a second interpreter start and its imports (about half of
-        # up's time to its first answer). The scope path must exec.
-        from . import server
+        # up's time to its first answer). The scope path must exec. The
+        # server's modules load while the sandbox's probe runs.
+        from . import server, tools  # noqa: F401
 
+        pending.check()
+        sys.stdout.flush()
+        sys.stderr.flush()
         return server.main(command[serve_at + 1:])
+    pending.check()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os.execv(command[0], command)
     return 127  # not reached

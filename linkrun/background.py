@@ -286,6 +286,9 @@ class Background:
         """A detached sweep now, then every minute while a record it saw is
         untold, else every ten minutes. Never waited for by a call."""
         def loop():
+            # The first sweep waits for the session's first answer (or two
+            # seconds): a start with many records must not slow `initialize`.
+            self.ready.wait(2.0)
             while True:
                 self.run_sweep()
                 untold = any((r := records.load(self.state, i)) and r.get("told") in ("untold", "telling")
@@ -294,6 +297,7 @@ class Background:
                 self.sweep_now.clear()
 
         self.sweep_now = threading.Event()
+        self.ready = threading.Event()
         threading.Thread(target=loop, daemon=True, name="sweeps").start()
 
     def run_sweep(self):

@@ -66,6 +66,7 @@ class Session:
         self.calls_lock = threading.Lock()
         self.threads: set[threading.Thread] = set()
         self.instructions = tools.instructions()
+        self.on_first_answer = None  # called once the first message was handled
 
     # -- the read loop ----------------------------------------------------
 
@@ -81,6 +82,9 @@ class Session:
                     self.channel.send(error(None, INVALID_REQUEST, "the message is over 64 MB; send smaller messages"))
                     continue
                 self.handle_line(line)
+                if self.on_first_answer is not None:
+                    self.on_first_answer()
+                    self.on_first_answer = None
                 if self.channel.closed:
                     break
         except _Stop:
@@ -365,6 +369,7 @@ def main(argv: list[str]) -> int:
     session = Session(tools, Channel())
     if tools.background is not None:
         tools.background.start_sweeping()
+        session.on_first_answer = tools.background.ready.set
     code = session.run()
     sys.stderr.flush()
     os._exit(code)  # daemon threads may still hold a killed call; do not wait for them

@@ -396,13 +396,16 @@ class Supervisor:
         # sweep when the agent is back, not now.
         if record["told"] == "untold" and state != "lost":
             self.tell()
+        # Done with the record: free it now, not after the teardown below, so
+        # that `stop --state` and sweeps need not wait for the watch to end.
+        os.close(self.lock_fd)
+        # What this process loaded of ours, for the log (and a test that keeps it small).
+        ours = sorted(name for name in sys.modules if name.startswith("linkrun."))
+        self.log("loaded " + " ".join(ours))
         if self.watching.is_alive():
             self.watching.join()
         if self.observer is not None:
             self.observer.stop()
-        # What this process loaded of ours, for the log (and a test that keeps it small).
-        ours = sorted(name for name in sys.modules if name.startswith("linkrun."))
-        self.log("loaded " + " ".join(ours))
         return 0
 
     def tell(self):

@@ -390,6 +390,8 @@ def told(files: str):
         starts.append(answered - server.started)
         server.close()
     row("spawn → initialize with 1,000 records", f"{median_ms(starts):.1f} ms", "target ≤ 100 ms")
+    for folder in (state, big):
+        subprocess.run(SERVER + ["remove", "--state", folder], check=True)
 
 
 def sandbox(files: str):
@@ -453,7 +455,7 @@ def main(argv: list[str]) -> int:
             print(f"unknown group {name!r}; groups: {', '.join(GROUPS)}", file=sys.stderr)
             return 2
     print(f"Link Run benchmarks · {os.cpu_count()} cores · Python {sys.version.split()[0]}")
-    with tempfile.TemporaryDirectory(prefix="linkrun-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="linkrun-bench-", ignore_cleanup_errors=True) as scratch:
         files = os.path.join(scratch, "files")
         os.makedirs(os.path.join(files, "work"))
         for name in chosen:

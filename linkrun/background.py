@@ -330,8 +330,13 @@ class Background:
         own = []
         for command_id in records.ids(self.state):
             record = records.load(self.state, command_id)
-            if record and record.get("thread") == thread:
-                own.append(record)
+            if not record or record.get("thread") != thread:
+                continue
+            if record["state"] in records.RUNNING_STATES and not records.is_held(self.state, command_id):
+                # Its supervisor is gone: say so now rather than at the next sweep.
+                self.sweep_one(command_id)
+                record = records.load(self.state, command_id) or record
+            own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)
         return {"commands": [self.entry(r) for r in own]}
 

@@ -144,6 +144,15 @@ def test_a_killed_supervisor_takes_the_command_with_it(bg, state):
     wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
 
 
+def test_list_shows_a_command_whose_supervisor_died_as_lost_at_once(bg, state):
+    command_id = start(bg, program="sleep", args=["100"])
+    gate = wait_running(state, command_id)["leader_pid"]
+    os.kill(int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+    wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
+    entry = bg.call("list", {}, meta=META)["structuredContent"]["commands"][0]
+    assert (entry["id"], entry["state"]) == (command_id, "lost")
+
+
 def test_a_supervisor_sent_sigterm_ends_the_command_lost_and_untold(servers, files, tmp_path):
     state = tmp_path / "state-told"
     server = servers(serve_argv(files, "--state", str(state), "--way-in", "http://127.0.0.1:9/in", "--as", "agent",

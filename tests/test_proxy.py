@@ -1,0 +1,203 @@
+"""The agent's proxy, on loopback only: a real proxy process on a Unix socket,
+and a test "internet" server on 127.0.0.2."""
+
+from __future__ import annotations
+
+import fcntl
+import http.server
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import SERVER, clean_env, wait_for
+
+from linkrun import proxy
+
+
+class Site(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"hello from {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def site():
+    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Site)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def run_proxy(tmp_path):
+    started = []
+
+    def start(*hosts: str) -> str:
+        state = tmp_path / f"state{len(started)}"
+        state.mkdir()
+        users = os.open(state / "proxy.users", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(users, fcntl.LOCK_SH)  # a user, so it stays
+        argv = SERVER + ["proxy", "--state", str(state)]
+        for host in hosts:
+            argv += ["--host", host]
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+        started.append((process, users))
+        sock = state / "proxy" / "proxy.sock"
+        wait_for(lambda: connects(str(sock)), what="the proxy to listen")
+        return str(state)
+
+    yield start
+    for process, users in started:
+        os.close(users)
+        process.wait(timeout=10)
+
+
+def connects(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def ask(state: str, request: bytes, timeout=10.0) -> bytes:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(os.path.join(state, "proxy", "proxy.sock"))
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        return data
+
+
+def tunnel_get(state: str, host: str, port: int, path: str = "/x", timeout=10.0) -> bytes:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(os.path.join(state, "proxy", "proxy.sock"))
+        sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return reply
+            reply += chunk
+        if not reply.startswith(b"HTTP/1.1 200"):
+            while chunk := sock.recv(4096):
+                reply += chunk
+            return reply
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        return data
+
+
+def test_a_named_host_is_reached_through_connect_and_plain_http(site, run_proxy):
+    state = run_proxy(f"127.0.0.2:{site}")
+    assert tunnel_get(state, "127.0.0.2", site).endswith(b"hello from /x")
+    plain = ask(state, f"GET http://127.0.0.2:{site}/plain HTTP/1.1\r\nHost: 127.0.0.2\r\n\r\n".encode())
+    assert plain.startswith(b"HTTP/1.0 200") and plain.endswith(b"hello from /plain")
+
+
+def test_a_host_not_named_gets_a_403_naming_the_allowed_hosts_and_is_recorded(site, run_proxy):
+    state = run_proxy("example.org")
+    since = time.time() - 1
+    reply = tunnel_get(state, "127.0.0.2", site)
+    assert reply.startswith(b"HTTP/1.1 403")
+    assert b"127.0.0.2:" in reply and b"allow: example.org" in reply
+    assert proxy.refused_since(state, since) == [f"127.0.0.2:{site}"]
+    assert proxy.refused_since(state, time.time() + 60) == []
+
+
+def test_without_a_port_only_80_and_443_are_admitted(site, run_proxy):
+    state = run_proxy("127.0.0.2")
+    assert tunnel_get(state, "127.0.0.2", site).startswith(b"HTTP/1.1 403")
+
+
+def test_star_refuses_loopback_and_a_name_resolving_to_it_unless_named(site, run_proxy):
+    state = run_proxy("*")
+    for host in ("127.0.0.2", "localhost"):
+        reply = tunnel_get(state, host, 80)
+        assert reply.startswith(b"HTTP/1.1 403"), reply
+    assert b"an address of this machine" in tunnel_get(state, "localhost", 443)
+
+
+def test_the_rules_match_exact_wildcard_and_port_entries():
+    rules = proxy.Rules(["example.org", "*.example.net", "example.com:8443"])
+    assert rules.admits("example.org", 443) == (True, True)
+    assert rules.admits("EXAMPLE.org.", 80) == (True, True)
+    assert rules.admits("example.org", 8080) == (False, False)
+    assert rules.admits("a.example.net", 443) == (True, False)
+    assert rules.admits("example.net", 443) == (False, False)
+    assert rules.admits("example.com", 8443) == (True, True)
+    assert rules.admits("example.com", 443) == (False, False)
+    assert proxy.Rules(["*"]).admits("anything.example", 443) == (True, False)
+    assert not proxy.public("127.0.0.1") and not proxy.public("10.1.2.3") and not proxy.public("169.254.1.1")
+    assert not proxy.public("::ffff:192.168.1.1") and proxy.public("93.184.216.34")
+
+
+def test_a_hundred_concurrent_connections_are_all_served(site, run_proxy):
+    state = run_proxy(f"127.0.0.2:{site}")
+    results = [None] * 100
+
+    def get(index):
+        results[index] = tunnel_get(state, "127.0.0.2", site, f"/{index}")
+
+    threads = [threading.Thread(target=get, args=(i,)) for i in range(100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert all(r is not None and r.endswith(f"hello from /{i}".encode()) for i, r in enumerate(results))
+
+
+def test_a_slow_client_does_not_stall_others(site, run_proxy):
+    state = run_proxy(f"127.0.0.2:{site}")
+    slow = socket.socket(socket.AF_UNIX)
+    slow.connect(os.path.join(state, "proxy", "proxy.sock"))
+    slow.sendall(b"CONNECT 127.0.0.2")  # and nothing more
+    try:
+        started = time.monotonic()
+        assert tunnel_get(state, "127.0.0.2", site).endswith(b"hello from /x")
+        assert time.monotonic() - started < 5
+    finally:
+        slow.close()
+
+
+def test_ensure_running_starts_one_proxy_for_two_users_that_exits_after_the_last(tmp_path):
+    state = str(tmp_path)
+    first = proxy.ensure_running(state, ["example.org"])
+    second = proxy.ensure_running(state, ["example.org"])
+    lock = os.open(os.path.join(state, "proxy.lock"), os.O_RDWR)
+
+    def running() -> bool:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False
+
+    try:
+        assert running()
+        os.close(first)
+        assert running()
+        os.close(second)
+        wait_for(lambda: not running(), timeout=10, what="the proxy to exit after its last user")
+    finally:
+        os.close(lock)

@@ -29,9 +29,13 @@ class Site(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class SiteServer(http.server.ThreadingHTTPServer):
+    request_queue_size = 256  # the default 5 would drop a hundred connects at once, not the proxy
+
+
 @pytest.fixture
 def site():
-    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Site)
+    server = SiteServer(("127.0.0.2", 0), Site)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server.server_address[1]

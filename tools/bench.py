@@ -445,7 +445,93 @@ def sandbox(files: str):
     server.close()
 
 
-GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told}
+def proxy_group(files: str):
+    print("proxy: the agent's internet proxy, on loopback")
+    import fcntl
+    import socket
+    import threading
+
+    size = 512 * 1024 * 1024
+    payload = b"x" * (1 << 20)
+    listener = socket.create_server(("127.0.0.2", 0), backlog=128)
+    port = listener.getsockname()[1]
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            def send(conn=conn):
+                with conn:
+                    wanted = conn.recv(16)
+                    if wanted.startswith(b"BIG"):
+                        for _ in range(size // len(payload)):
+                            conn.sendall(payload)
+                    else:
+                        conn.sendall(b"ok")
+            threading.Thread(target=send, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    state = tempfile.mkdtemp(prefix="state-", dir=os.path.dirname(files))
+    users = os.open(os.path.join(state, "proxy.users"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(users, fcntl.LOCK_SH)
+    process = subprocess.Popen(SERVER + ["proxy", "--state", state, "--host", f"127.0.0.2:{port}"],
+                               stderr=subprocess.DEVNULL)
+    path = os.path.join(state, "proxy", "proxy.sock")
+
+    def through() -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(path)
+        sock.sendall(f"CONNECT 127.0.0.2:{port} HTTP/1.1\r\n\r\n".encode())
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += sock.recv(4096)
+        return sock
+
+    wait_until(lambda: os.path.exists(path))
+    time.sleep(0.2)
+
+    def fetch(connect, big: bool) -> int:
+        sock = connect()
+        sock.sendall(b"BIG" if big else b"small")
+        total = 0
+        buffer = bytearray(1 << 20)
+        while count := sock.recv_into(buffer):
+            total += count
+        sock.close()
+        return total
+
+    def direct() -> socket.socket:
+        return socket.create_connection(("127.0.0.2", port))
+
+    for label, connect in (("direct", direct), ("proxy", through)):
+        t = time.perf_counter()
+        fetch(connect, True)
+        elapsed = time.perf_counter() - t
+        if label == "direct":
+            direct_rate = size / elapsed / 1e6
+        else:
+            rate = size / elapsed / 1e6
+    row("throughput through the proxy (512 MiB)", f"{rate:.0f} MB/s", "target ≥ 200 MB/s",
+        f"direct loopback: {direct_rate:.0f} MB/s ({rate / direct_rate:.2f}×)")
+    lat_direct, lat_proxy = [], []
+    for _ in range(100):
+        t = time.perf_counter()
+        fetch(direct, False)
+        lat_direct.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fetch(through, False)
+        lat_proxy.append(time.perf_counter() - t)
+    row("a connection and a small answer through the proxy", f"{median_ms(lat_proxy):.2f} ms", "target ≤ +2 ms",
+        f"direct: {median_ms(lat_direct):.2f} ms (+{median_ms(lat_proxy) - median_ms(lat_direct):.2f} ms)")
+    os.close(users)
+    process.wait(timeout=10)
+    listener.close()
+
+
+GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
+          "proxy": proxy_group}
 
 
 def main(argv: list[str]) -> int:

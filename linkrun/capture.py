@@ -21,15 +21,8 @@ class Capture:
         if room > 0:
             self.head += chunk[:room]
             chunk = chunk[room:]
-        if not chunk:
-            return
-        if len(chunk) >= self._tail_size:
-            self.tail[:] = chunk[len(chunk) - self._tail_size:]
-        else:
-            self.tail += chunk
-            excess = len(self.tail) - self._tail_size
-            if excess > 0:
-                del self.tail[:excess]
+        if chunk:
+            self._keep_tail(chunk)
 
     @property
     def head_full(self) -> bool:
@@ -42,10 +35,14 @@ class Capture:
     def skip(self, count: int, last: bytes) -> None:
         """`count` bytes went by with the head full; `last` are their final bytes."""
         self.total += count
-        if len(last) >= self._tail_size:
-            self.tail[:] = last[len(last) - self._tail_size:]
+        self._keep_tail(last)
+
+    def _keep_tail(self, data) -> None:
+        """The last tail-size bytes of what was kept so far followed by `data`."""
+        if len(data) >= self._tail_size:
+            self.tail[:] = data[len(data) - self._tail_size:]
         else:
-            self.tail += last
+            self.tail += data
             excess = len(self.tail) - self._tail_size
             if excess > 0:
                 del self.tail[:excess]

@@ -80,7 +80,8 @@ def check_way_in(text: str) -> str:
 
 @dataclass(frozen=True)
 class Background:
-    """The background commands' settings: all required once --state is given."""
+    """The background commands' settings: all required once --state is given
+    (but for --state with --proxy alone, the proxy's state folder)."""
 
     state: str
     way_in: str | None  # None with --no-way-in
@@ -104,6 +105,7 @@ class Serve:
     variables: tuple[tuple[str, str], ...]
     write: tuple[str, ...]
     proxy: bool
+    state: str | None  # with background commands, the proxy, or both
     background: Background | None
     sandbox: tuple[str, ...]
 
@@ -127,9 +129,9 @@ _BACKGROUND_REQUIRED = (
 SERVE_USAGE = (
     "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
     "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... "
-    "[--proxy] [--state <dir> (--way-in <address> --as <agent id> [--keyring <dir>] | "
+    "[--state <dir> [--proxy] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
     "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
-    "--background-keep <duration> --background-per-day <n> --hops <n>] -- <sandbox>..."
+    "--background-keep <duration> --background-per-day <n> --hops <n>]] -- <sandbox>..."
 )
 
 
@@ -199,6 +201,9 @@ def parse_serve(argv: list[str]) -> Serve:
         variables.append((name, value))
 
     write = tuple(check_relative_folder("--write", w) for w in flags.get("--write", []))  # type: ignore[union-attr]
+    proxy = bool(flags.get("--proxy"))
+    if proxy and "--state" not in flags:
+        raise UsageError("--proxy needs --state <dir>", "the agent's proxy lives in its state folder")
 
     return Serve(
         files=files,
@@ -208,7 +213,8 @@ def parse_serve(argv: list[str]) -> Serve:
         programs=programs,
         variables=tuple(variables),
         write=write,
-        proxy=bool(flags.get("--proxy")),
+        proxy=proxy,
+        state=os.path.abspath(str(flags["--state"])) if "--state" in flags else None,
         background=_parse_background(flags),
         sandbox=tuple(sandbox),
     )
@@ -220,6 +226,8 @@ def _parse_background(flags: dict) -> Background | None:
         if background_flags:
             raise UsageError(f"{background_flags[0]} needs --state", "give --state <dir> or drop it")
         return None
+    if not background_flags and flags.get("--proxy"):
+        return None  # a state folder for the proxy alone: no background commands
     for required in _BACKGROUND_REQUIRED:
         if required not in flags:
             raise UsageError(f"{required} is required with --state")

@@ -175,8 +175,11 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     for name, where in kept.hidden:
         yield "warn", f"{name} resolves to {where}, which the sandbox does not show, so it is not offered", \
             f"list {where} in [commands] allow to show its folder"
-    if settings.hosts:
-        yield "warn", "[internet] names hosts, but this version has no proxy: the sandbox reaches none", ""
+    if settings.hosts and sandbox.find_system("socat") is None:
+        yield "FAIL", "[internet] names hosts, and the sandbox's relay to the proxy, socat, is missing", \
+            "install socat (Debian, Ubuntu: apt-get install socat), or name no hosts"
+    elif settings.hosts:
+        yield "ok", f"the internet, through the agent's proxy: {', '.join(settings.hosts)}", ""
     count, margin = sandbox.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
         yield "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
@@ -192,8 +195,6 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     else:
         yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
             "see docs/security.md"
-    if sandbox.find_system("socat") is None and settings.hosts:
-        yield "warn", "socat is missing: the sandbox's internet relay needs it", "install socat"
 
 
 def main(argv: list[str]) -> int:

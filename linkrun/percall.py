@@ -27,7 +27,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_PATH: `.git/config` is bound, never read; O_NOFOLLOW with O_PATH opens a
 # link itself rather than failing, so the caller fstats what it got.
 _PATH = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-PROXY_INSIDE = "/run/lnk/proxy"
+PROXY_INSIDE = "/run/lnk/proxy"  # internet.INSIDE: this module imports nothing of ours
 
 
 class LinkOnPath(Exception):

@@ -4,9 +4,10 @@ admitting only the hosts the sandbox file's [internet] names.
 One per agent (`<state>/proxy.lock`), on `<state>/proxy/proxy.sock`, the one
 folder of the state folder a sandbox sees (read-only, at /run/lnk/proxy).
 It lives while a serve or a supervisor holds a shared lock on
-`<state>/proxy.users`, and exits when none does.
+`<state>/proxy.users`, and exits when none does. What it admits is
+`<state>/proxy.json` (linkrun.internet), read again whenever it changes.
 
-asyncio, stdlib only: one thread serves every connection, so a slow client
+asyncio: one thread serves every connection, so a slow client
 costs a waiting coroutine, never a blocked worker, and a hundred connections
 are a hundred small tasks.
 
@@ -23,18 +24,20 @@ import fcntl
 import ipaddress
 import os
 import socket
+import struct
 import sys
 import time
 
+from . import internet
 from .config import split_flags
-from .errors import UsageError
+from .errors import LinkRunError, UsageError
 
 HEAD_MAX = 64 * 1024
 HEAD_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
 CHUNK = 256 * 1024
 USERS_CHECK = 1.0  # seconds between looks for a remaining user (no event exists for a flock's release)
-SOCKET = "proxy.sock"
+REFUSED_MAX = 1024 * 1024  # then the refusal log starts afresh (the old one is kept as .old)
 
 
 class Rules:
@@ -91,9 +94,34 @@ def public(address: str) -> bool:
 
 
 class Proxy:
-    def __init__(self, state: str, rules: Rules, route: tuple[str, int] | None):
-        self.state, self.rules, self.route = state, rules, route
-        self.refused_log = os.path.join(state, "proxy-refused.log")
+    def __init__(self, state: str):
+        self.state = state
+        self.settings_path = os.path.join(state, internet.SETTINGS)
+        self.refused_log = os.path.join(state, internet.REFUSED)
+        self.seen: tuple | None = None
+        self.rules, self.route = Rules([]), None
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the settings again when the file changed (a stat per
+        connection): the latest `up` decides what is admitted, also for a
+        background command that outlived the serve that started it."""
+        try:
+            info = os.stat(self.settings_path)
+        except FileNotFoundError:
+            return  # kept: what was last read (or nothing, at the start)
+        seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if seen == self.seen:
+            return
+        try:
+            hosts, route = internet.read_settings(self.state)
+        except LinkRunError as problem:
+            print(f"lnk-link-run proxy: {problem.message}; the hosts read before are kept", file=sys.stderr, flush=True)
+            return
+        self.seen, self.rules = seen, Rules(hosts)
+        self.route = _address(route) if route else None
+        print(f"lnk-link-run proxy: hosts: {self.rules.describe()}" + (f", through {route}" if route else ""),
+              file=sys.stderr, flush=True)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         try:
@@ -128,6 +156,7 @@ class Proxy:
         if not host or not port_text.isdigit():
             return await self.answer(writer, 400, "Bad Request", f"cannot read a host and port in {target!r}")
         port = int(port_text)
+        self.reload()
         admitted, named = self.rules.admits(host, port)
         if not admitted:
             return await self.refuse(writer, host, port, "is not among the hosts it allows")
@@ -166,11 +195,24 @@ class Proxy:
         return r, w
 
     async def refuse(self, writer, host: str, port: int, why: str):
-        with open(self.refused_log, "a") as f:
-            f.write(f"{time.time():.3f} {host}:{port}\n")
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.log_refusal(target, writer)
         await self.answer(writer, 403, "Forbidden",
-                          f"Link Run's proxy refused {host}:{port}: it {why}. The sandbox file's [internet] "
+                          f"Link Run's proxy refused {target}: it {why}. The sandbox file's [internet] "
                           f"hosts allow: {self.rules.describe()} (without a port, only 80 and 443).")
+
+    def log_refusal(self, target: str, writer) -> None:
+        """One line for serve and the supervisors: the time, the target, and
+        the processes above the one that connected (the relay, in the
+        sandbox of some call), so each call is told only its own."""
+        above = _ancestors(_peer_pid(writer))
+        try:
+            if os.path.getsize(self.refused_log) > REFUSED_MAX:
+                os.replace(self.refused_log, self.refused_log + ".old")  # readers need only the latest
+        except FileNotFoundError:
+            pass
+        with open(self.refused_log, "a") as f:
+            f.write(f"{time.time():.3f} {target} {','.join(map(str, above))}\n")
 
     @staticmethod
     async def answer(writer, status: int, reason: str, text: str):
@@ -191,59 +233,56 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         writer.close()
 
 
-def refused_since(state: str, since: float) -> list[str]:
-    """The hosts the proxy refused since `since` (unix seconds), each once, in order."""
+def _address(route: str) -> tuple[str, int]:
+    host, _, port = route.removeprefix("http://").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _peer_pid(writer) -> int | None:
+    sock = writer.get_extra_info("socket")
     try:
-        with open(os.path.join(state, "proxy-refused.log"), "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))  # the tail is enough
-            lines = f.read().decode(errors="replace").splitlines()
-    except FileNotFoundError:
-        return []
-    seen: list[str] = []
-    for line in lines:
-        when, _, target = line.partition(" ")
-        try:
-            if float(when) >= since and target not in seen:
-                seen.append(target)
-        except ValueError:
-            continue
-    return seen
-
-
-def _route(text: str | None) -> tuple[str, int] | None:
-    if not text:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (OSError, AttributeError):
         return None
-    if not text.startswith("http://") or ":" not in text[7:]:
-        raise UsageError(f"--route {text!r} is not an HTTP proxy address", "give http://host:port")
-    host, _, port = text[7:].rstrip("/").rpartition(":")
-    if not port.isdigit():
-        raise UsageError(f"--route {text!r} has no port", "give http://host:port")
-    return host, int(port)
+    return pid or None
+
+
+def _ancestors(pid: int | None, depth: int = 12) -> list[int]:
+    """`pid` and the processes above it, as far as /proc shows them."""
+    found = []
+    while pid and pid > 1 and len(found) < depth:
+        found.append(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rpartition(b")")[2].split()[1])  # after the name: state, ppid
+        except (OSError, ValueError, IndexError):
+            break
+    return found
 
 
 def main(argv: list[str]) -> int:
-    flags, _ = split_flags(argv, {"--state", "--host", "--route"}, set(), {"--host"})
+    flags, _ = split_flags(argv, {"--state"}, set(), set())
     if "--state" not in flags:
-        raise UsageError("proxy needs --state <dir>", "it is started by serve and the supervisors, not by hand")
+        raise UsageError("proxy needs --state <dir>", "serve and the supervisors start it; lnk-link-run up "
+                         "writes its settings from the sandbox file's [internet] hosts")
     state = os.path.abspath(str(flags["--state"]))
-    rules = Rules(list(flags.get("--host", [])))  # type: ignore[arg-type]
-    route = _route(flags.get("--route"))  # type: ignore[arg-type]
+    internet.read_settings(state)  # a clear error in the log, rather than a proxy admitting nothing
     lock = os.open(os.path.join(state, "proxy.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another proxy serves this agent
-    folder = os.path.join(state, "proxy")
+    folder = os.path.join(state, internet.FOLDER)
     os.makedirs(folder, mode=0o755, exist_ok=True)
     os.chmod(folder, 0o755)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    temporary = os.path.join(folder, f".{SOCKET}.{os.getpid()}")
+    temporary = os.path.join(folder, f".{internet.SOCKET}.{os.getpid()}")
     listener.bind(temporary)
     os.chmod(temporary, 0o666)  # the sandbox connects as whoever it maps to
     listener.listen(256)
-    os.rename(temporary, os.path.join(folder, SOCKET))  # a restarted proxy replaces the socket whole
-    print(f"lnk-link-run proxy: serving {folder}/{SOCKET}, hosts: {rules.describe()}", file=sys.stderr, flush=True)
-    asyncio.run(_serve(Proxy(state, rules, route), listener, state))
+    os.rename(temporary, os.path.join(folder, internet.SOCKET))  # a restarted proxy replaces the socket whole
+    print(f"lnk-link-run proxy: serving {folder}/{internet.SOCKET}", file=sys.stderr, flush=True)
+    asyncio.run(_serve(Proxy(state), listener, state))
     return 0
 
 
@@ -259,47 +298,3 @@ async def _serve(proxy: Proxy, listener: socket.socket, state: str):
                 continue  # a serve or a supervisor still needs us
             break  # nobody: stop (the exclusive lock keeps a newcomer waiting until we are gone)
     os.close(users)
-
-
-def ensure_running(state: str, hosts: list[str], route: str | None = None, timeout: float = 5.0) -> int:
-    """Count the caller among the proxy's users, and start the proxy if it is not
-    running; returns the users descriptor (close-on-exec), to keep open for as
-    long as the caller needs the proxy."""
-    import subprocess
-
-    users = os.open(os.path.join(state, "proxy.users"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(users, fcntl.LOCK_SH)
-    lock = os.open(os.path.join(state, "proxy.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        running = False
-    except BlockingIOError:
-        running = True
-    os.close(lock)  # released: the proxy we start takes it
-    if not running:
-        argv = [sys.executable, "-I", "-m", "linkrun", "proxy", "--state", state]
-        for host in hosts:
-            argv += ["--host", host]
-        if route:
-            argv += ["--route", route]
-        log = os.open(os.path.join(state, "proxy.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            # Detached as the supervisors are: a shell puts it in the background and exits.
-            subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *argv], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, check=True)
-        finally:
-            os.close(log)
-    path = os.path.join(state, "proxy", SOCKET)
-    deadline = time.monotonic() + timeout
-    while True:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-            return users
-        except OSError:
-            if time.monotonic() > deadline:
-                os.close(users)
-                raise UsageError("the agent's proxy did not start", f"its log is {state}/proxy.log") from None
-            time.sleep(0.01)  # no event tells when a socket starts listening
-        finally:
-            probe.close()

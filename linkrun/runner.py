@@ -50,6 +50,7 @@ class Outcome:
     output: Capture
     errors: Capture
     cancelled: bool = False
+    pid: int = 0  # the sandbox's, for telling this call's proxy refusals from another's
 
     def __repr__(self) -> str:
         how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
@@ -142,7 +143,7 @@ def run(request: Request, argv: list[str], cwd_fd: int, pass_fds: tuple[int, ...
         process.wait()
     else:
         _kill_later(pgid, process)
-    return Outcome(exit_code, signal_number, timed_out, round(seconds, 3), output, errors, cancel.cancelled)
+    return Outcome(exit_code, signal_number, timed_out, round(seconds, 3), output, errors, cancel.cancelled, process.pid)
 
 
 def _kill_later(pgid: int, process: subprocess.Popen):

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from . import agent as agent_folder
+from . import internet as internet_
 from . import percall
 from .config import parse_size, split_flags
 from .errors import LinkRunError, UsageError
@@ -296,9 +297,10 @@ def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder)
     return Programs(tuple(kept), tuple(missing), tuple(hidden), tuple(folders))
 
 
-def environment(folder: agent_folder.AgentFolder) -> list[tuple[str, str]]:
+def environment(folder: agent_folder.AgentFolder, internet: bool = False) -> list[tuple[str, str]]:
     """The sandbox's whole environment: nothing of the caller's. Caches go
-    under work/.cache, the one place a program writes that outlives it."""
+    under work/.cache, the one place a program writes that outlives it. With
+    [internet] hosts, the proxy variables name the relay inside (§6)."""
     cache = f"{folder.files}/work/.cache"
     return [
         ("PATH", SYSTEM_PATH), ("HOME", folder.home), ("LANG", "C.UTF-8"), ("TMPDIR", "/tmp"),
@@ -306,7 +308,7 @@ def environment(folder: agent_folder.AgentFolder) -> list[tuple[str, str]]:
         ("XDG_CACHE_HOME", cache), ("PIP_CACHE_DIR", f"{cache}/pip"),
         ("npm_config_cache", f"{cache}/npm"), ("CARGO_HOME", f"{cache}/cargo"),
         ("GOCACHE", f"{cache}/go-build"), ("GOPATH", f"{cache}/go"),
-    ]
+    ] + (list(internet_.VARIABLES) if internet else [])
 
 
 def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Host,
@@ -347,11 +349,11 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
         binds.append(path)
         argv += ["--ro-bind", path, path]
     if sandbox.hosts:
-        argv += ["--dir", percall.PROXY_INSIDE]  # the mount point, before / turns read-only
+        argv += ["--dir", internet_.INSIDE]  # the mount point, before / turns read-only
     # bwrap's own root is a tmpfs without a size: read-only, so nothing can
     # fill memory there. Later binds mount on folders that already exist.
     argv += ["--remount-ro", "/", "--clearenv"]
-    for name, value in environment(folder):
+    for name, value in environment(folder, bool(sandbox.hosts)):
         argv += ["--setenv", name, value]
     check_binds(binds, protected)
     return argv
@@ -406,18 +408,21 @@ def main(argv: list[str]) -> int:
                              "give an absolute path or a program this machine has")
         program[0] = found
 
+    proxy_dir = os.path.join(folder.state, internet_.FOLDER) if sandbox.hosts else None
     files_fd = os.open(folder.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
-            part, fds = percall.call_part(files_fd, folder.files, write_folders(sandbox), None, "")
+            part, fds = percall.call_part(files_fd, folder.files, write_folders(sandbox), proxy_dir, "")
         except percall.LinkOnPath as error:
             raise LinkRunError(str(error)) from None
     finally:
         os.close(files_fd)
-    full = fixed + part + ["--"] + program
+    full = fixed + part + ["--"] + (list(internet_.RELAY) if sandbox.hosts else []) + program
     if flags.get("--print"):
         print(shlex.join(full))
         return 0
+    if sandbox.hosts:
+        return _run_with_internet(full, fds, folder, sandbox)
     for fd in fds:
         os.set_inheritable(fd, True)  # bwrap binds them, then closes them
     os.chdir(folder.files)
@@ -428,3 +433,22 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     os.execv(full[0], full)
     return 127  # not reached
+
+
+def _run_with_internet(full: list[str], fds: list[int], folder: agent_folder.AgentFolder,
+                       sandbox: SandboxFile) -> int:
+    """As a call runs with [internet] hosts: the agent's proxy, given this
+    file's hosts (the route `up` set is kept), is kept while the program runs
+    (we stay its user, so we wait rather than exec)."""
+    try:
+        route = internet_.read_settings(folder.state)[1]
+    except LinkRunError:
+        route = None
+    internet_.write_settings(folder.state, list(sandbox.hosts), route)
+    internet_.Users(folder.state).ensure()
+    try:
+        code = subprocess.run(full, pass_fds=fds, cwd=folder.files).returncode
+        return code if code >= 0 else 128 - code
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -362,6 +362,10 @@ def main(argv: list[str]) -> int:
         from .records import check_filesystem
 
         check_filesystem(settings.background.state)
+    if settings.proxy:
+        from .internet import read_settings
+
+        read_settings(settings.state)  # refused now, in one line, rather than at each call
     # Clients pass almost no environment (no LANG): our streams are bytes, and
     # texts we print on stderr must not depend on the locale.
     sys.stderr.reconfigure(encoding="utf-8", errors="replace")
@@ -369,7 +373,7 @@ def main(argv: list[str]) -> int:
     session = Session(tools, Channel())
     if tools.background is not None:
         tools.background.start_sweeping()
-        session.on_first_answer = tools.background.ready.set
+    session.on_first_answer = tools.first_answered
     code = session.run()
     sys.stderr.flush()
     os._exit(code)  # daemon threads may still hold a killed call; do not wait for them

@@ -133,6 +133,18 @@ class Supervisor:
         if os.path.exists(self.stop_path):
             return self.finish(self.stop_state(), None, None)
 
+        if record["proxy"]:
+            # Among the proxy's users until we exit, so the command's internet
+            # outlives the serve that started it. Without it the program still
+            # runs: the relay tells it it has no internet.
+            from .errors import LinkRunError
+            from .internet import Users
+
+            try:
+                Users(self.state).ensure()
+            except (LinkRunError, OSError) as problem:
+                self.log(f"no internet for this command: {problem}")
+
         # 3. The gate, from this (main) thread: its death signal follows this thread.
         try:
             self.spawn_gate()

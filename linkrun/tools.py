@@ -9,6 +9,9 @@ what is allowed.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from dataclasses import dataclass
 
 from . import runner
@@ -86,6 +89,11 @@ class Tools:
         self._files_fd = None
         self.table: dict[str, dict] = {}
         self.background = None
+        self.proxy = None
+        if settings.proxy:
+            from .internet import Users
+
+            self.proxy = Users(settings.state)
         if settings.programs:
             self.table["command"] = self._command_tool()
         if settings.offers_background:
@@ -96,6 +104,23 @@ class Tools:
             if not settings.programs:
                 del table["start"]
             self.table.update(table)
+
+    def first_answered(self):
+        """After the session's first answer: what may wait until then."""
+        if self.background is not None:
+            self.background.ready.set()
+        if self.proxy is not None:
+            threading.Thread(target=self._proxy_ready, daemon=True, name="proxy").start()
+
+    def _proxy_ready(self) -> str | None:
+        """Start the agent's proxy if none runs; None, or why the call has no internet."""
+        try:
+            self.proxy.ensure()
+            return None
+        except (LinkRunError, OSError) as problem:
+            why = problem.message if isinstance(problem, LinkRunError) else str(problem)
+            print(f"lnk-link-run serve: {why}", file=sys.stderr, flush=True)
+            return why
 
     # -- listing ---------------------------------------------------------
 
@@ -254,6 +279,10 @@ class Tools:
     def argv_tail(self, request: runner.Request) -> list[str]:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
         tail = []
+        if self.settings.proxy:
+            from .internet import RELAY
+
+            tail += RELAY
         if self.settings.variables:
             tail += ["/usr/bin/env"] + [f"{name}={value}" for name, value in self.settings.variables]
         return tail + [request.program, *request.args]
@@ -267,7 +296,7 @@ class Tools:
             return [], []
         from . import percall
 
-        proxy_dir = os.path.join(s.background.state, "proxy") if s.proxy and s.background else None
+        proxy_dir = os.path.join(s.state, "proxy") if s.proxy else None
         try:
             return percall.call_part(self._files_descriptor(), s.files, s.write, proxy_dir, folder)
         except percall.LinkOnPath as problem:
@@ -283,6 +312,8 @@ class Tools:
         try:
             part, fds = self.call_part(request.folder)
             try:
+                no_internet = self._proxy_ready() if self.proxy is not None else None
+                since = time.time()
                 argv = list(self.settings.sandbox) + part + ["--"] + self.argv_tail(request)
                 outcome = runner.run(request, argv, folder_fd, tuple(fds), context.cancel,
                                      self.settings.output, report)
@@ -293,7 +324,16 @@ class Tools:
             os.close(folder_fd)
         if outcome.cancelled:
             return None
-        return ToolResult(self._command_text(request, outcome), _command_structured(outcome))
+        text = self._command_text(request, outcome)
+        if no_internet:
+            text += f"\n[this call had no internet: {no_internet}]"
+        elif self.proxy is not None:
+            from .internet import refused, refused_note
+
+            hosts = refused(self.settings.state, since, outcome.pid)
+            if hosts:
+                text += "\n" + refused_note(hosts, self.settings.state)
+        return ToolResult(text, _command_structured(outcome))
 
     def _command_text(self, request: runner.Request, outcome: runner.Outcome) -> str:
         lines = [_ending(outcome, request.timeout, "start" in self.table)]

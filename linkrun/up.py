@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 
 from . import agent as agent_folder
-from . import doctor, sandbox
+from . import doctor, internet, sandbox
 from .config import AGENT_ID, check_way_in, parse_duration, parse_size, split_flags
 from .errors import LinkRunError, UsageError
 
@@ -97,8 +97,12 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     flags, rest = split_flags(argv, _VALUED, {"--no-way-in"}, set())
     if rest is not None:
         raise UsageError("up takes no program after --", f"usage: {USAGE}")
+    route = None
     if "--route" in flags:
-        raise UsageError("--route needs the agent's internet proxy, which this version does not have yet")
+        try:
+            route = internet.parse_route(str(flags["--route"]))
+        except LinkRunError as problem:
+            raise UsageError(f"--route: {problem.message}", problem.hint) from None
     way_in, as_id = flags.get("--way-in"), flags.get("--as")
     if flags.get("--no-way-in") and (way_in or as_id or "--keyring" in flags):
         raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")
@@ -138,8 +142,16 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     write = sandbox.write_folders(settings)
     pending = doctor.start_probe(fixed, folder, write)
     if settings.hosts:
-        print("lnk-link-run up: [internet] names hosts, but this version has no proxy yet: "
-              "the sandbox reaches none", file=sys.stderr)
+        if sandbox.find_system("socat") is None:
+            raise LinkRunError(f"{settings.source}: [internet] names hosts, and the sandbox reaches them through "
+                               "a relay, socat, which this machine lacks",
+                               "install socat (Debian, Ubuntu: apt-get install socat), or name no hosts")
+    elif route:
+        print("lnk-link-run up: --route changes nothing: the sandbox file's [internet] names no hosts",
+              file=sys.stderr)
+    if settings.hosts or os.path.exists(os.path.join(folder.state, internet.SETTINGS)):
+        # Also with no hosts: a proxy still kept by a background command follows the file.
+        internet.write_settings(folder.state, list(settings.hosts), route)
 
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
              "--programs-path", sandbox.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
@@ -147,8 +159,11 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
         serve += ["--program", program]
     for folder_ in write:
         serve += ["--write", folder_]
-    if way_in or flags.get("--no-way-in"):
+    if way_in or flags.get("--no-way-in") or settings.hosts:
         serve += ["--state", folder.state]
+    if settings.hosts:
+        serve += ["--proxy"]
+    if way_in or flags.get("--no-way-in"):
         serve += ["--way-in", str(way_in), "--as", str(as_id), "--keyring", keyring] if way_in else ["--no-way-in"]
         for flag in ("--background", "--background-timeout", "--background-output", "--background-keep",
                      "--background-per-day", "--hops"):

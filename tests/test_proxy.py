@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import SERVER, clean_env, wait_for
 
-from linkrun import proxy
+from linkrun import internet, proxy
 
 
 class Site(http.server.BaseHTTPRequestHandler):
@@ -52,9 +52,8 @@ def run_proxy(tmp_path):
         state.mkdir()
         users = os.open(state / "proxy.users", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(users, fcntl.LOCK_SH)  # a user, so it stays
+        internet.write_settings(str(state), list(hosts), None)
         argv = SERVER + ["proxy", "--state", str(state)]
-        for host in hosts:
-            argv += ["--host", host]
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
         started.append((process, users))
         sock = state / "proxy" / "proxy.sock"
@@ -124,8 +123,8 @@ def test_a_host_not_named_gets_a_403_naming_the_allowed_hosts_and_is_recorded(si
     reply = tunnel_get(state, "127.0.0.2", site)
     assert reply.startswith(b"HTTP/1.1 403")
     assert b"127.0.0.2:" in reply and b"allow: example.org" in reply
-    assert proxy.refused_since(state, since) == [f"127.0.0.2:{site}"]
-    assert proxy.refused_since(state, time.time() + 60) == []
+    assert internet.refused(state, since) == [f"127.0.0.2:{site}"]
+    assert internet.refused(state, time.time() + 60) == []
 
 
 def test_without_a_port_only_80_and_443_are_admitted(site, run_proxy):
@@ -183,10 +182,12 @@ def test_a_slow_client_does_not_stall_others(site, run_proxy):
         slow.close()
 
 
-def test_ensure_running_starts_one_proxy_for_two_users_that_exits_after_the_last(tmp_path):
+def test_one_proxy_serves_every_user_and_exits_after_the_last(tmp_path):
     state = str(tmp_path)
-    first = proxy.ensure_running(state, ["example.org"])
-    second = proxy.ensure_running(state, ["example.org"])
+    internet.write_settings(state, ["example.org"], None)
+    first, second = internet.Users(state), internet.Users(state)
+    first.ensure()
+    second.ensure()
     lock = os.open(os.path.join(state, "proxy.lock"), os.O_RDWR)
 
     def running() -> bool:
@@ -199,9 +200,9 @@ def test_ensure_running_starts_one_proxy_for_two_users_that_exits_after_the_last
 
     try:
         assert running()
-        os.close(first)
+        first.close()
         assert running()
-        os.close(second)
+        second.close()
         wait_for(lambda: not running(), timeout=10, what="the proxy to exit after its last user")
     finally:
         os.close(lock)

@@ -1,0 +1,220 @@
+"""What serve, the supervisors, `up` and `sandbox` need of the agent's proxy
+(DESIGN.md §6): its settings file, a place among its users (starting it
+when none runs), the relay a sandbox runs, and what the proxy refused.
+
+Cheap to import and stdlib only but orjson: the proxy itself (asyncio) is
+`linkrun.proxy`, in a process of its own.
+
+Files of the state folder: `proxy.json` (the hosts and the route, written by
+`up` from the sandbox file; the proxy reads it again whenever it changes),
+`proxy.lock` (held by the running proxy), `proxy.users` (a shared lock per
+serve or supervisor that needs it), `proxy/proxy.sock`, `proxy.log` (the
+proxy's stderr) and `proxy-refused.log` (one line per refusal: time, host,
+and the process ids above the connecting program, to tell calls apart).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import sys
+import threading
+import time
+
+from .errors import LinkRunError
+
+SETTINGS = "proxy.json"
+REFUSED = "proxy-refused.log"
+FOLDER = "proxy"
+SOCKET = "proxy.sock"
+INSIDE = "/run/lnk/proxy"
+RELAY_PORT = 3128
+RELAY_ADDRESS = f"http://127.0.0.1:{RELAY_PORT}"
+
+# The sandbox's environment with [internet] hosts (§6): what curl, pip, git,
+# Python and Node read. NO_PROXY keeps the sandbox's own loopback servers direct.
+VARIABLES = (
+    ("HTTP_PROXY", RELAY_ADDRESS), ("HTTPS_PROXY", RELAY_ADDRESS),
+    ("http_proxy", RELAY_ADDRESS), ("https_proxy", RELAY_ADDRESS),
+    ("NO_PROXY", "localhost,127.0.0.1,::1"), ("no_proxy", "localhost,127.0.0.1,::1"),
+    ("NODE_USE_ENV_PROXY", "1"),
+)
+
+# What runs first inside a sandbox with the internet: socat listening on the
+# sandbox's own 127.0.0.1:3128, forwarding each connection to the proxy's
+# socket; the program is exec'd once socat listens (its socket shows in
+# /proc/net/tcp as 0100007F:0C38 in state 0A, LISTEN), so its first
+# connection never races the relay. A shell, not Python: a call pays for one
+# small exec more, never for an interpreter. When the program ends, the
+# sandbox's pid namespace ends, and socat with it.
+_RELAY_SCRIPT = f"""\
+socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{INSIDE}/{SOCKET} >/dev/null 2>&1 &
+relay=$!
+while :; do
+  while read -r _ local _ state _; do
+    if [ "$local" = 0100007F:{RELAY_PORT:04X} ] && [ "$state" = 0A ]; then exec "$@"; fi
+  done < /proc/net/tcp
+  if ! kill -0 "$relay" 2>/dev/null; then
+    echo "lnk-link-run: the sandbox's internet relay (socat) did not start, so this program has no internet;" \\
+      "lnk-link-run doctor says why" >&2
+    exec "$@"
+  fi
+done
+"""
+RELAY = ("/bin/sh", "-c", _RELAY_SCRIPT, "lnk-relay")
+
+
+def socket_path(state: str) -> str:
+    return os.path.join(state, FOLDER, SOCKET)
+
+
+def parse_route(text: str) -> str:
+    """`http://host:port`, the agent's route (an HTTP proxy taking CONNECT)."""
+    host, _, port = text.removeprefix("http://").rstrip("/").rpartition(":")
+    if not text.startswith("http://") or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LinkRunError(f"the route {text!r} is not an HTTP proxy address",
+                           "give it as http://host:port, such as http://10.0.0.1:3128")
+    return f"http://{host}:{int(port)}"
+
+
+def write_settings(state: str, hosts: list[str], route: str | None) -> None:
+    """The proxy's settings, whole or not at all (a running proxy reads them
+    again when they change: the latest `up` decides what it admits)."""
+    import orjson
+
+    os.makedirs(state, mode=0o700, exist_ok=True)
+    path = os.path.join(state, SETTINGS)
+    temporary = f"{path}.{os.getpid()}.new"
+    with open(temporary, "wb") as f:
+        f.write(orjson.dumps({"hosts": list(hosts), "route": route}))
+    os.replace(temporary, path)
+
+
+def read_settings(state: str) -> tuple[list[str], str | None]:
+    """(hosts, route) from `<state>/proxy.json`; a clear error when it is missing or bad."""
+    import orjson
+
+    path = os.path.join(state, SETTINGS)
+    fix = "lnk-link-run up writes it from the sandbox file's [internet] hosts"
+    try:
+        with open(path, "rb") as f:
+            data = orjson.loads(f.read())
+    except FileNotFoundError:
+        raise LinkRunError(f"the agent's proxy has no settings: {path} is missing", fix) from None
+    except (OSError, orjson.JSONDecodeError) as problem:
+        raise LinkRunError(f"the agent's proxy settings {path} cannot be read: {problem}", fix) from None
+    hosts, route = data.get("hosts") if isinstance(data, dict) else None, data.get("route") if isinstance(data, dict) else None
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts) or not isinstance(route, str | None):
+        raise LinkRunError(f"the agent's proxy settings {path} are not a list of hosts and a route", fix)
+    return hosts, parse_route(route) if route else None
+
+
+class Users:
+    """This process's place among the proxy's users: a shared lock on
+    `proxy.users`, on a close-on-exec descriptor, held while the process
+    lives (the proxy exits once no user holds one). `ensure` starts the proxy
+    when none answers, and waits until one does."""
+
+    def __init__(self, state: str):
+        self.state = state
+        self.fd: int | None = None
+        self.lock = threading.Lock()  # calls on several threads wait for one start
+
+    def ensure(self, timeout: float = 10.0) -> None:
+        with self.lock:
+            if self.fd is None:
+                read_settings(self.state)  # a clear error here, rather than a proxy that will not start
+                fd = os.open(os.path.join(self.state, "proxy.users"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                self.fd = fd
+            deadline = time.monotonic() + timeout
+            spawned = None
+            while not _answers(socket_path(self.state)):
+                now = time.monotonic()
+                # None running (or one on its way out): start one. A second
+                # started meanwhile finds proxy.lock held and leaves at once.
+                if not _held(os.path.join(self.state, "proxy.lock")) and (spawned is None or now - spawned > 1.0):
+                    _spawn(self.state)
+                    spawned = now
+                if now > deadline:
+                    raise LinkRunError("the agent's internet proxy did not start",
+                                       f"its log is {os.path.join(self.state, 'proxy.log')}")
+                time.sleep(0.005)  # no event tells when another process's socket starts listening
+
+    def close(self) -> None:
+        with self.lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+
+def _answers(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def _held(path: str) -> bool:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases what we took
+
+
+def _spawn(state: str) -> None:
+    """Start a proxy detached, as supervisors are: a shell puts it in the
+    background and exits, so it outlives whoever started it."""
+    import subprocess
+
+    argv = [sys.executable, "-I", "-m", "linkrun", "proxy", "--state", state]
+    log = os.open(os.path.join(state, "proxy.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *argv], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, check=True)
+    finally:
+        os.close(log)
+
+
+def refused(state: str, since: float, pid: int | None = None) -> list[str]:
+    """The hosts (`host:port`) the proxy refused since `since` (unix seconds),
+    each once, in order; with `pid`, only those asked from below that process
+    (a call's sandbox), so calls running at once are told their own."""
+    try:
+        with open(os.path.join(state, REFUSED), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))  # the tail is enough
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    seen: list[str] = []
+    for line in lines:
+        fields = line.split(" ")
+        try:
+            when = float(fields[0])
+        except ValueError:
+            continue  # the first, cut line of the tail
+        if when < since or len(fields) < 2 or fields[1] in seen:
+            continue
+        above = fields[2].split(",") if len(fields) > 2 and fields[2] else []
+        if pid is None or not above or str(pid) in above:
+            seen.append(fields[1])
+    return seen
+
+
+def refused_note(hosts: list[str], state: str) -> str:
+    """The line a call's answer gets when the proxy refused hosts during it."""
+    try:
+        allowed = ", ".join(read_settings(state)[0]) or "none"
+    except LinkRunError:
+        allowed = "(its settings cannot be read)"
+    return (f"[the agent's proxy refused {', '.join(hosts)}: the sandbox file's [internet] hosts allow "
+            f"{allowed} (without a port, only 80 and 443)]")

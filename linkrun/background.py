@@ -448,6 +448,12 @@ class Background:
             lines.append("(no more output: it has ended)")
         else:
             lines.append("(nothing new yet: read again with wait)")
+        if record.get("proxy") and record.get("leader_pid"):
+            from .internet import refused, refused_note
+
+            hosts = refused(self.state, record["started"], record["leader_pid"])
+            if hosts:
+                lines.append(refused_note(hosts, self.state))
         return structured, "\n".join(lines)
 
     def stop(self, arguments: dict, meta: dict) -> dict:

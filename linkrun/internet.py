@@ -150,14 +150,25 @@ class Users:
 
 
 def _answers(path: str) -> bool:
+    try:
+        folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        probe.connect(path)
+        probe.connect(short_path(folder, os.path.basename(path)))
         return True
     except OSError:
         return False
     finally:
         probe.close()
+        os.close(folder)
+
+
+def short_path(folder_fd: int, name: str) -> str:
+    """A socket's path through its folder's descriptor: a socket address holds
+    at most 107 bytes, and an agent's state folder may lie deeper than that."""
+    return f"/proc/self/fd/{folder_fd}/{name}"
 
 
 def _held(path: str) -> bool:

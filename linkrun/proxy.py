@@ -181,14 +181,26 @@ class Proxy:
         if not allowed:
             raise PermissionError(f"resolves to {', '.join(sorted(set(addresses)))}, an address of this "
                                   "machine or its network, which only a host named in the list may reach")
-        address = allowed[0]
+        problem: Exception = OSError("no address")
+        for address in dict.fromkeys(allowed):  # each checked address in turn (localhost: ::1, then 127.0.0.1)
+            try:
+                return await self.open(address, port)
+            except (TimeoutError, OSError) as failed:
+                problem = failed
+        raise problem
+
+    async def open(self, address: str, port: int):
         if self.route is None:
             return await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT)
         # Through the agent's route: every admitted connection goes out there.
         r, w = await asyncio.wait_for(asyncio.open_connection(*self.route), CONNECT_TIMEOUT)
         target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         w.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-        reply = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), CONNECT_TIMEOUT)
+        try:
+            reply = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), CONNECT_TIMEOUT)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            w.close()
+            raise OSError("the route closed the connection without an answer") from None
         if reply.split(b" ", 2)[1:2] != [b"200"]:
             w.close()
             raise OSError(f"the route refused it ({reply.splitlines()[0].decode('latin-1')})")
@@ -277,7 +289,9 @@ def main(argv: list[str]) -> int:
     os.chmod(folder, 0o755)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     temporary = os.path.join(folder, f".{internet.SOCKET}.{os.getpid()}")
-    listener.bind(temporary)
+    folder_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    listener.bind(internet.short_path(folder_fd, os.path.basename(temporary)))
+    os.close(folder_fd)
     os.chmod(temporary, 0o666)  # the sandbox connects as whoever it maps to
     listener.listen(256)
     os.rename(temporary, os.path.join(folder, internet.SOCKET))  # a restarted proxy replaces the socket whole

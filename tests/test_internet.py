@@ -1,0 +1,252 @@
+"""The internet of a sandbox (DESIGN.md §6), end to end: `up` with a sandbox
+file naming hosts, real bubblewrap, the relay, the agent's proxy, and real
+curl and Python inside. No traffic leaves this machine: the "internet" is a
+test site on 127.0.0.2, the host's own service one on 127.0.0.1."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import socketserver
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import SERVER, require_sandbox, serve_argv, text_of, wait_for
+from test_proxy import Site, SiteServer
+from test_sandbox import Agent
+
+from linkrun import doctor, internet, sandbox, up
+from linkrun.errors import UsageError
+
+RELAY = "http://127.0.0.1:3128"
+
+
+def serve_site(address: str):
+    server = SiteServer((address, 0), Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def site():
+    """The "internet": a test site on 127.0.0.2."""
+    server = serve_site("127.0.0.2")
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def host_service():
+    """A service of the host on its loopback, as the way in is."""
+    server = serve_site("127.0.0.1")
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def agent_with_hosts(tmp_path: Path, *hosts: str) -> Agent:
+    require_sandbox()
+    listed = ", ".join(f'"{h}"' for h in hosts)
+    return Agent(tmp_path, f"[internet]\nhosts = [{listed}]\n")
+
+
+def proxy_running(state: Path) -> bool:
+    lock = os.open(state / "proxy.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(lock)
+
+
+def sh(server, script: str, **kwargs) -> str:
+    return text_of(server.call("command", {"program": "sh", "args": ["-c", script]}, **kwargs))
+
+
+def status(url: str, *curl_flags: str) -> str:
+    """A shell line printing curl's HTTP status for `url` (000 when nothing answered), then its exit."""
+    flags = " ".join(curl_flags)
+    return f"curl -sS {flags} -o /dev/null -w '%{{http_code}}\\n' {url}; echo \"exit $?\""
+
+
+@pytest.fixture
+def up_server(servers):
+    def start(box: Agent, *flags: str):
+        server = servers(SERVER + ["up", "--agent", str(box.root), "--sandbox", str(box.file), *flags], env=box.env)
+        server.initialize()
+        return server
+    return start
+
+
+def test_a_named_host_is_reached_with_curl_and_python_from_inside(tmp_path, site, up_server):
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box)
+    text = sh(server, status(f"http://127.0.0.2:{site}/page") + "; python3 -c \"import urllib.request; "
+              f"print(urllib.request.urlopen('http://127.0.0.2:{site}/py').read().decode())\"")
+    assert "200\nexit 0\nhello from /py" in text, text
+    assert "refused" not in text
+    assert server.close() == 0
+    wait_for(lambda: not proxy_running(box.root / "State"), timeout=10, what="the proxy to exit after serve")
+
+
+def test_a_host_not_named_gets_the_403_and_is_named_in_that_calls_answer_only(tmp_path, site, up_server):
+    box = agent_with_hosts(tmp_path, "example.org")
+    server = up_server(box)
+    fifo = box.files / "work" / "hold"
+    os.mkfifo(fifo)
+    # Another call runs meanwhile: it is not told of this call's refusal.
+    server.send({"jsonrpc": "2.0", "id": "other", "method": "tools/call", "params": {
+        "name": "command", "arguments": {"program": "sh", "args": ["-c", ": > work/started; read x < work/hold"]}}})
+    wait_for(lambda: (box.files / "work" / "started").exists(), what="the other call to start")
+    text = sh(server, f"curl -sS http://127.0.0.2:{site}/x")
+    assert "Link Run's proxy refused 127.0.0.2:" in text and "allow: example.org" in text, text
+    assert f"[the agent's proxy refused 127.0.0.2:{site}: the sandbox file's [internet] hosts allow example.org" \
+        in text
+    with open(fifo, "w") as f:
+        f.write("go\n")
+    other = text_of(server.wait_response("other")["result"])
+    assert other.startswith("exit 0") and "refused" not in other, other
+    assert server.close() == 0
+
+
+def test_a_direct_connection_and_the_hosts_loopback_are_out_of_reach(tmp_path, site, host_service, up_server):
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box)
+    direct = sh(server, status(f"http://127.0.0.2:{site}/", "--noproxy '*'")
+                + "; " + status(f"http://127.0.0.1:{host_service}/", "--noproxy '*'"))
+    assert direct.count("000\nexit 7") == 2, direct  # nothing answers: the sandbox has its own network
+    through = sh(server, status(f"http://127.0.0.1:{host_service}/", "--noproxy '' -x", RELAY))
+    assert "403\nexit 0" in through and f"refused 127.0.0.1:{host_service}" in through, through
+    assert server.close() == 0
+
+
+def test_a_name_resolving_to_a_private_address_is_refused_unless_named(tmp_path, host_service, up_server):
+    box = agent_with_hosts(tmp_path, "*", f"localhost:{host_service}")
+    server = up_server(box)
+    text = sh(server, status(f"http://localhost:{host_service}/named", "--noproxy '' -x", RELAY)
+              + "; curl -sS --noproxy '' -x " + RELAY + " http://localhost/")
+    assert text.split("output")[1].split("\n")[1:3] == ["200", "exit 0"], text
+    assert "refused localhost:80: it resolves to" in text and "an address of this machine" in text, text
+    assert server.close() == 0
+
+
+def test_the_proxy_outlives_serve_while_a_background_command_uses_it(tmp_path, site, up_server):
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box, "--no-way-in")
+    state = box.root / "State"
+    fifo = box.files / "work" / "go"
+    os.mkfifo(fifo)
+    result = box.files / "work" / "result"
+    started = server.call("start", {"program": "sh", "args": [
+        "-c", f"read x < work/go; {{ {status(f'http://127.0.0.2:{site}/late')}; }} > work/result"]},
+        meta={"link.local/thread": "conversation"})
+    assert not started.get("isError"), started
+    try:
+        # Running: its supervisor counts among the proxy's users from before the program starts.
+        wait_for(lambda: "running" in text_of(server.call("list", meta={"link.local/thread": "conversation"})),
+                 what="the command to run")
+        assert server.close() == 0
+        assert proxy_running(state), "the proxy left with serve, while a background command needs it"
+        with open(fifo, "w") as f:  # opens once the program waits on it
+            f.write("go\n")
+        wait_for(lambda: result.exists() and result.read_text() == "200\nexit 0\n", timeout=15,
+                 what="the background command to reach the site")
+        wait_for(lambda: not proxy_running(state), timeout=15, what="the proxy to exit after the last supervisor")
+    finally:  # nothing left running, whatever the test found
+        subprocess.run(SERVER + ["stop", "--state", str(state)], capture_output=True, timeout=30)
+
+
+class Route(socketserver.ThreadingTCPServer):
+    """The agent's route: an HTTP proxy taking CONNECT, counting what it carried."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self):
+        self.carried: list[str] = []
+        super().__init__(("127.0.0.1", 0), RouteHandler)
+
+
+class RouteHandler(socketserver.BaseRequestHandler):
+    def handle(self):
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = self.request.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        method, target, _ = head.split(b"\r\n", 1)[0].decode().split(" ")
+        assert method == "CONNECT"
+        self.server.carried.append(target)
+        host, _, port = target.rpartition(":")
+        with socket.create_connection((host.strip("[]"), int(port))) as upstream:
+            self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            relay = threading.Thread(target=pump, args=(upstream, self.request), daemon=True)
+            relay.start()
+            pump(self.request, upstream)
+            relay.join()
+
+
+def pump(source: socket.socket, destination: socket.socket):
+    try:
+        while data := source.recv(65536):
+            destination.sendall(data)
+        destination.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def test_up_route_sends_every_admitted_connection_through_the_agents_route(tmp_path, site, up_server):
+    route = Route()
+    threading.Thread(target=route.serve_forever, daemon=True).start()
+    try:
+        box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+        server = up_server(box, "--route", f"http://127.0.0.1:{route.server_address[1]}")
+        text = sh(server, status(f"http://127.0.0.2:{site}/routed"))
+        assert "200\nexit 0" in text, text
+        assert route.carried == [f"127.0.0.2:{site}"]
+        assert server.close() == 0
+    finally:
+        route.shutdown()
+        route.server_close()
+
+
+def test_up_hands_serve_the_proxy_only_when_hosts_are_named(tmp_path):
+    require_sandbox()
+    plain = Agent(tmp_path / "plain")
+    argv = up.plan(["--agent", str(plain.root)], plain.env)
+    assert "--proxy" not in argv and "--state" not in argv[:argv.index("--")]
+    assert not any("PROXY" in arg or arg == internet.INSIDE for arg in argv)  # nothing paid without hosts
+
+    box = agent_with_hosts(tmp_path / "named", "example.org")
+    argv = up.plan(["--agent", str(box.root), "--sandbox", str(box.file), "--route", "http://10.0.0.1:3128"], box.env)
+    serve = argv[:argv.index("--")]
+    assert "--proxy" in serve and serve[serve.index("--state") + 1] == str(box.root / "State")
+    assert "--background" not in serve  # the proxy's state folder alone
+    fixed = argv[argv.index("--") + 1:]
+    assert ["--setenv", "HTTPS_PROXY", RELAY] == fixed[fixed.index("HTTPS_PROXY") - 1:fixed.index("HTTPS_PROXY") + 2]
+    assert internet.read_settings(str(box.root / "State")) == (["example.org"], "http://10.0.0.1:3128")
+
+
+def test_up_and_serve_refuse_a_bad_route_or_a_proxy_without_its_settings(tmp_path, files):
+    box = agent_with_hosts(tmp_path, "example.org")
+    with pytest.raises(UsageError, match="--route: the route 'socks5://x:1' is not an HTTP proxy address"):
+        up.plan(["--agent", str(box.root), "--sandbox", str(box.file), "--route", "socks5://x:1"], box.env)
+    for extra, says in ((["--proxy"], "--proxy needs --state <dir>"),
+                        (["--proxy", "--state", str(tmp_path / "state")], "proxy.json is missing")):
+        done = subprocess.run(serve_argv(files, *extra), capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0 and says in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_doctor_says_the_internet_goes_through_the_proxy(tmp_path):
+    box = agent_with_hosts(tmp_path, "example.org", "*.example.net")
+    lines = [(level, what) for level, what, _ in doctor.checks(str(box.root), str(box.file), box.env)]
+    assert ("ok", "the internet, through the agent's proxy: example.org, *.example.net") in lines
+    assert sandbox.find_system("socat")

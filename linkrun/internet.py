@@ -43,18 +43,21 @@ VARIABLES = (
 
 # What runs first inside a sandbox with the internet: socat listening on the
 # sandbox's own 127.0.0.1:3128, forwarding each connection to the proxy's
-# socket; the program is exec'd once socat listens (its socket shows in
-# /proc/net/tcp as 0100007F:0C38 in state 0A, LISTEN), so its first
-# connection never races the relay. A shell, not Python: a call pays for one
-# small exec more, never for an interpreter. When the program ends, the
-# sandbox's pid namespace ends, and socat with it.
+# socket; the program is exec'd once socat listens, so its first connection
+# never races the relay. The sandbox's network is new and empty, so the
+# first TCP socket in use there (/proc/net/sockstat, counted per network
+# namespace from listen() on) is socat's. Not /proc/net/tcp: each read of
+# it walks the host's whole established-connections table, ~4 ms a read.
+# A shell, not Python: a call pays for one small exec more, never for an
+# interpreter. When the program ends, the sandbox's pid namespace ends, and
+# socat with it.
 _RELAY_SCRIPT = f"""\
 socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{INSIDE}/{SOCKET} >/dev/null 2>&1 &
 relay=$!
 while :; do
-  while read -r _ local _ state _; do
-    if [ "$local" = 0100007F:{RELAY_PORT:04X} ] && [ "$state" = 0A ]; then exec "$@"; fi
-  done < /proc/net/tcp
+  while read -r protocol _ in_use _; do
+    if [ "$protocol" = TCP: ] && [ "$in_use" != 0 ]; then exec "$@"; fi
+  done < /proc/net/sockstat
   if ! kill -0 "$relay" 2>/dev/null; then
     echo "lnk-link-run: the sandbox's internet relay (socat) did not start, so this program has no internet;" \\
       "lnk-link-run doctor says why" >&2

@@ -398,12 +398,10 @@ def sandbox(files: str):
     print("sandbox: up and the bubblewrap sandbox")
     scratch = os.path.dirname(files)
     agent = os.path.join(scratch, "agent")
-    env = {"HOME": os.path.join(scratch, "home"), "PATH": os.environ.get("PATH", SYSTEM_PATH)}
     starts = []
     for _ in range(10):
         t = time.perf_counter()
         server = Server(SERVER + ["up", "--agent", agent])
-        server.process.env = env
         server.send(INIT)
         answered, _ = server.wait(0)
         starts.append(answered - t)
@@ -476,8 +474,11 @@ def proxy_group(files: str):
     state = tempfile.mkdtemp(prefix="state-", dir=os.path.dirname(files))
     users = os.open(os.path.join(state, "proxy.users"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(users, fcntl.LOCK_SH)
-    process = subprocess.Popen(SERVER + ["proxy", "--state", state, "--host", f"127.0.0.2:{port}"],
-                               stderr=subprocess.DEVNULL)
+    sys.path.insert(0, str(REPO))
+    from linkrun import internet
+
+    internet.write_settings(state, [f"127.0.0.2:{port}"], None)
+    process = subprocess.Popen(SERVER + ["proxy", "--state", state], stderr=subprocess.DEVNULL)
     path = os.path.join(state, "proxy", "proxy.sock")
 
     def through() -> socket.socket:
@@ -527,7 +528,36 @@ def proxy_group(files: str):
         f"direct: {median_ms(lat_direct):.2f} ms (+{median_ms(lat_proxy) - median_ms(lat_direct):.2f} ms)")
     os.close(users)
     process.wait(timeout=10)
+    relay_cost(files, port)
     listener.close()
+
+
+def relay_cost(files: str, port: int):
+    """What a call pays for the internet: `sh -c 'exit 0'` through up's
+    sandbox with an [internet] host named (relay started and waited for)
+    against the same call without one."""
+    scratch = os.path.dirname(files)
+    medians = {}
+    for label, text in (("none", ""), ("internet", f'[internet]\nhosts = ["127.0.0.2:{port}"]\n')):
+        agent = os.path.join(scratch, f"agent-{label}")
+        sandbox_file = os.path.join(scratch, f"sandbox-{label}.toml")
+        Path(sandbox_file).write_text(text)
+        server = Server(SERVER + ["up", "--agent", agent, "--sandbox", sandbox_file])
+        server.send(INIT)
+        server.wait(0)
+        server.call(1, {"program": "sh", "args": ["-c", "exit 0"]})  # the first starts the proxy
+        server.wait(1)
+        samples = []
+        for index in range(2, 102):
+            t = time.perf_counter()
+            server.call(index, {"program": "sh", "args": ["-c", "exit 0"]})
+            server.wait(index)
+            samples.append(time.perf_counter() - t)
+        medians[label] = median_ms(samples)
+        server.close()
+    row("a call with [internet] hosts (the relay)", f"{medians['internet']:.2f} ms",
+        "target ≤ +5 ms", f"without: {medians['none']:.2f} ms (+{medians['internet'] - medians['none']:.2f} ms, "
+        f"{medians['internet'] / medians['none']:.2f}×)")
 
 
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,

@@ -155,6 +155,11 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         yield "FAIL", error.message, error.hint
         return
     yield "ok", f"bubblewrap: {host.bwrap}; prlimit: {host.prlimit}", ""
+    if settings.hosts and sandbox.find_system("socat") is None:
+        yield "FAIL", "[internet] names hosts, and the sandbox's relay to the proxy, socat, is missing", \
+            "install socat (Debian, Ubuntu: apt-get install socat), or name no hosts"
+    elif settings.hosts:
+        yield "ok", f"the internet, through the agent's proxy: {', '.join(settings.hosts)}", ""
     if host.disable_userns:
         yield "ok", "bubblewrap has --disable-userns: no program makes a user namespace of its own", ""
     else:
@@ -175,11 +180,6 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     for name, where in kept.hidden:
         yield "warn", f"{name} resolves to {where}, which the sandbox does not show, so it is not offered", \
             f"list {where} in [commands] allow to show its folder"
-    if settings.hosts and sandbox.find_system("socat") is None:
-        yield "FAIL", "[internet] names hosts, and the sandbox's relay to the proxy, socat, is missing", \
-            "install socat (Debian, Ubuntu: apt-get install socat), or name no hosts"
-    elif settings.hosts:
-        yield "ok", f"the internet, through the agent's proxy: {', '.join(settings.hosts)}", ""
     count, margin = sandbox.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
         yield "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \

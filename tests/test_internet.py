@@ -17,6 +17,7 @@ import pytest
 from conftest import SERVER, require_sandbox, serve_argv, text_of, wait_for
 from test_proxy import Site, SiteServer
 from test_sandbox import Agent
+from test_up import outer_sandbox
 
 from linkrun import doctor, internet, sandbox, up
 from linkrun.errors import UsageError
@@ -126,6 +127,28 @@ def test_a_direct_connection_and_the_hosts_loopback_are_out_of_reach(tmp_path, s
     assert server.close() == 0
 
 
+def test_the_proxy_folder_is_read_only_inside_and_shows_only_the_socket(tmp_path, site, up_server):
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box)
+    text = sh(server, "ls -A /run/lnk/proxy; touch /run/lnk/proxy/forged && echo wrote; "
+              "rm /run/lnk/proxy/proxy.sock && echo removed; ls /run/lnk; env | grep -i _proxy= | sort")
+    assert text.split("output")[1].split("\n")[1] == "proxy.sock", text
+    assert "wrote" not in text and "removed" not in text and "Read-only file system" in text, text
+    assert f"HTTPS_PROXY={RELAY}" in text and "NO_PROXY=localhost,127.0.0.1,::1" in text, text
+    assert sorted(os.listdir(box.root / "State" / "proxy")) == ["proxy.sock"]
+    assert server.close() == 0
+
+
+def test_without_hosts_a_call_has_no_relay_no_proxy_folder_and_no_variables(tmp_path, up_server):
+    require_sandbox()
+    box = Agent(tmp_path, "")
+    server = up_server(box)
+    text = sh(server, "ls /run/lnk/proxy; env | grep -ci proxy; cat /proc/net/sockstat | grep TCP:")
+    assert "No such file or directory" in text and "\n0\n" in text and "TCP: inuse 0" in text, text
+    assert not (box.root / "State" / "proxy.json").exists()
+    assert server.close() == 0
+
+
 def test_a_name_resolving_to_a_private_address_is_refused_unless_named(tmp_path, host_service, up_server):
     box = agent_with_hosts(tmp_path, "*", f"localhost:{host_service}")
     server = up_server(box)
@@ -230,7 +253,7 @@ def test_up_hands_serve_the_proxy_only_when_hosts_are_named(tmp_path):
     assert "--proxy" in serve and serve[serve.index("--state") + 1] == str(box.root / "State")
     assert "--background" not in serve  # the proxy's state folder alone
     fixed = argv[argv.index("--") + 1:]
-    assert ["--setenv", "HTTPS_PROXY", RELAY] == fixed[fixed.index("HTTPS_PROXY") - 1:fixed.index("HTTPS_PROXY") + 2]
+    assert fixed[fixed.index("HTTPS_PROXY") - 1:fixed.index("HTTPS_PROXY") + 2] == ["--setenv", "HTTPS_PROXY", RELAY]
     assert internet.read_settings(str(box.root / "State")) == (["example.org"], "http://10.0.0.1:3128")
 
 
@@ -243,6 +266,19 @@ def test_up_and_serve_refuse_a_bad_route_or_a_proxy_without_its_settings(tmp_pat
         done = subprocess.run(serve_argv(files, *extra), capture_output=True, text=True, timeout=30)
         assert done.returncode != 0 and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_without_socat_up_refuses_in_one_line_and_doctor_fails_naming_the_fix(tmp_path):
+    box = agent_with_hosts(tmp_path, "example.org")
+    # The machine as it is, but where socat is not an executable.
+    hidden = outer_sandbox("--ro-bind", "/dev/null", sandbox.find_system("socat"))
+    done = subprocess.run(hidden + SERVER + ["up", "--agent", str(box.root), "--sandbox", str(box.file)],
+                          env=box.env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "socat, which this machine lacks" in done.stderr and "install socat" in done.stderr
+    done = subprocess.run(hidden + SERVER + ["doctor", "--agent", str(box.root)],
+                          env=box.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0 and "socat, is missing" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
 def test_doctor_says_the_internet_goes_through_the_proxy(tmp_path):

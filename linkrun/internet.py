@@ -48,12 +48,14 @@ VARIABLES = (
 # first TCP socket in use there (/proc/net/sockstat, counted per network
 # namespace from listen() on) is socat's. Not /proc/net/tcp: each read of
 # it walks the host's whole established-connections table, ~4 ms a read.
-# A shell, not Python: a call pays for one small exec more, never for an
-# interpreter. When the program ends, the sandbox's pid namespace ends, and
-# socat with it.
+# socat is started from a subshell, so it is the sandbox's init's child
+# and not the program's: a program that waits for all its children never
+# waits for the relay. A shell, not Python: a call pays for one small exec
+# more, never for an interpreter. When the program ends, the sandbox's pid
+# namespace ends, and socat with it.
 _RELAY_SCRIPT = f"""\
-socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{INSIDE}/{SOCKET} >/dev/null 2>&1 &
-relay=$!
+relay=$(socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{INSIDE}/{SOCKET} \
+  </dev/null >/dev/null 2>&1 & echo $!)
 while :; do
   while read -r protocol _ in_use _; do
     if [ "$protocol" = TCP: ] && [ "$in_use" != 0 ]; then exec "$@"; fi

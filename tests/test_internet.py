@@ -139,6 +139,16 @@ def test_the_proxy_folder_is_read_only_inside_and_shows_only_the_socket(tmp_path
     assert server.close() == 0
 
 
+def test_the_relay_is_not_a_child_of_the_program(tmp_path, site, up_server):
+    # A program that waits for every child of its own must not wait for socat.
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box)
+    text = text_of(server.call("command", {"program": "python3", "args": ["-c", (
+        "import os\ntry:\n    os.wait()\nexcept ChildProcessError:\n    print('no children')")]}))
+    assert "no children" in text, text
+    assert server.close() == 0
+
+
 def test_without_hosts_a_call_has_no_relay_no_proxy_folder_and_no_variables(tmp_path, up_server):
     require_sandbox()
     box = Agent(tmp_path, "")

@@ -209,7 +209,7 @@ def refused(state: str, since: float, pid: int | None = None) -> list[str]:
         with open(os.path.join(state, REFUSED), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))  # the tail is enough
             lines = f.read().decode(errors="replace").splitlines()
-    except FileNotFoundError:
+    except OSError:  # none logged, or the log cannot be read: the answer goes without the note
         return []
     seen: list[str] = []
     for line in lines:

@@ -219,12 +219,12 @@ class Proxy:
         sandbox of some call), so each call is told only its own."""
         above = _ancestors(_peer_pid(writer))
         try:
-            if os.path.getsize(self.refused_log) > REFUSED_MAX:
+            if os.path.exists(self.refused_log) and os.path.getsize(self.refused_log) > REFUSED_MAX:
                 os.replace(self.refused_log, self.refused_log + ".old")  # readers need only the latest
-        except FileNotFoundError:
-            pass
-        with open(self.refused_log, "a") as f:
-            f.write(f"{time.time():.3f} {target} {','.join(map(str, above))}\n")
+            with open(self.refused_log, "a") as f:
+                f.write(f"{time.time():.3f} {target} {','.join(map(str, above))}\n")
+        except OSError as problem:  # a full disk: the program still gets its 403, the answer no note
+            print(f"lnk-link-run proxy: cannot log the refusal of {target}: {problem}", file=sys.stderr, flush=True)
 
     @staticmethod
     async def answer(writer, status: int, reason: str, text: str):

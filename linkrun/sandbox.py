@@ -48,6 +48,8 @@ ETC_NAMES = (
     "system-release", "terminfo", "timezone", "vim", "wgetrc", "xml",
 )
 ETC_PATTERNS = ("java-*", "python3*", "ImageMagick-*", "*-release")
+# What every sandbox has of its own: a program's folder may lie below one, never be or hold one.
+SANDBOX_OWN = ("/tmp", "/var/tmp", "/dev", "/proc", "/run/lnk")
 ETC_MASKS = ("ssl/private",)  # inside a folder bound above: hidden under an empty tmpfs
 RESERVED = ("chats", "background")  # of the files folder: never writable
 
@@ -338,13 +340,17 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
             argv += ["--symlink", target, path]
     for path in host.masks:
         argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
-    for path in program_folders:
-        binds.append(path)
-        argv += ["--ro-bind", path, path]
     tmp = str(sandbox.tmp_size)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/tmp",
              "--size", tmp, "--tmpfs", "/dev/shm", "--symlink", "/tmp", "/var/tmp"]
-    # After /tmp, so that an agent's folder under /tmp is found inside it.
+    # After /tmp, so that a program's or the agent's folder under /tmp is found inside it.
+    for path in program_folders:
+        own = next((place for place in SANDBOX_OWN if inside(place, path)), None)
+        if own is not None:
+            raise LinkRunError(f"[commands] allow has a program in {path}, which would cover the sandbox's own {own}",
+                               "move the program to a folder of its own (such as /opt/tools/bin) and allow it there")
+        binds.append(path)
+        argv += ["--ro-bind", path, path]
     for path in (folder.agent, folder.home, folder.files):
         binds.append(path)
         argv += ["--ro-bind", path, path]

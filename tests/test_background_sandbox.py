@@ -56,7 +56,8 @@ def wait_record(box, command_id, condition, what):
 def program_pid(box, marker: str) -> int:
     path = box.files / "work" / marker
     wait_for(lambda: path.exists() and path.read_text().strip(), what=f"{marker} to be written")
-    # The pid inside the sandbox's namespace is not the host's: find the host's by its marker.
+    # The pid inside the sandbox's namespace is not the host's: find the host's by its
+    # marker, and by its working folder (other tests' sandboxes have the same small pids).
     inside = path.read_text().strip()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -66,7 +67,11 @@ def program_pid(box, marker: str) -> int:
                 continue
             ns_pids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
             if len(ns_pids) > 1 and ns_pids[-1] == inside and Path(f"/proc/{pid}/comm").read_text().strip() == "sh":
-                return int(pid)
+                try:
+                    if os.readlink(f"/proc/{pid}/cwd") == str(box.files):
+                        return int(pid)
+                except OSError:
+                    continue
     raise AssertionError("the program's host pid was not found")
 
 

@@ -86,6 +86,28 @@ def test_up_with_an_empty_allow_list_passes_no_program(box):
     assert "--program" not in serve
 
 
+def test_an_allowed_absolute_program_under_tmp_runs_and_one_in_tmp_itself_is_refused(box, tmp_path, servers):
+    tool = tmp_path / "tools" / "bin" / "hello"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\necho hello from a tool\n")
+    tool.chmod(0o755)
+    box.file.write_text(f'[commands]\nallow = ["{tool}"]\n')
+    server = servers(SERVER + ["up", "--agent", str(box.root), "--sandbox", str(box.file)], env=box.env)
+    server.initialize()
+    assert "hello from a tool" in text_of(server.call("command", {"program": str(tool)}))
+    assert server.close() == 0
+    # A program in /tmp itself would bind the host's /tmp over the sandbox's own.
+    in_tmp = Path("/tmp", f"lnk-tool-{os.getpid()}-{tmp_path.name}")
+    in_tmp.write_text("#!/bin/sh\n")
+    in_tmp.chmod(0o755)
+    try:
+        box.file.write_text(f'[commands]\nallow = ["{in_tmp}"]\n')
+        with pytest.raises(LinkRunError, match="which would cover the sandbox's own /tmp"):
+            up.plan(["--agent", str(box.root), "--sandbox", str(box.file)], box.env)
+    finally:
+        in_tmp.unlink()
+
+
 def test_up_refuses_bad_input_before_creating_anything(tmp_path):
     root = tmp_path / "never"
     env = clean_env(HOME=str(tmp_path))

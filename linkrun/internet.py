@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -124,10 +126,16 @@ class Users:
     def __init__(self, state: str):
         self.state = state
         self.fd: int | None = None
+        self.proxy: int | None = None  # a pidfd of the proxy that answered: it polls readable once it exits
         self.lock = threading.Lock()  # calls on several threads wait for one start
 
     def ensure(self, timeout: float = 10.0) -> None:
         with self.lock:
+            if self.proxy is not None:
+                if not select.select([self.proxy], [], [], 0)[0]:
+                    return  # the proxy that answered runs still: no probe, nothing it must wake for
+                os.close(self.proxy)
+                self.proxy = None
             if self.fd is None:
                 read_settings(self.state)  # a clear error here, rather than a proxy that will not start
                 fd = os.open(os.path.join(self.state, "proxy.users"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -135,7 +143,7 @@ class Users:
                 self.fd = fd
             deadline = time.monotonic() + timeout
             spawned = None
-            while not _answers(socket_path(self.state)):
+            while (pid := _answers(socket_path(self.state))) is None:
                 now = time.monotonic()
                 # None running (or one on its way out): start one. A second
                 # started meanwhile finds proxy.lock held and leaves at once.
@@ -146,28 +154,46 @@ class Users:
                     raise LinkRunError("the agent's internet proxy did not start",
                                        f"its log is {os.path.join(self.state, 'proxy.log')}")
                 time.sleep(0.005)  # no event tells when another process's socket starts listening
+            self.proxy = _watch(pid, socket_path(self.state))
 
     def close(self) -> None:
         with self.lock:
-            if self.fd is not None:
-                os.close(self.fd)
-                self.fd = None
+            for fd in (self.fd, self.proxy):
+                if fd is not None:
+                    os.close(fd)
+            self.fd = self.proxy = None
 
 
-def _answers(path: str) -> bool:
+def _answers(path: str) -> int | None:
+    """The pid of the proxy listening at `path` (its socket's credentials), or None."""
     try:
         folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         probe.connect(short_path(folder, os.path.basename(path)))
-        return True
+        credentials = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", credentials)[0]
     except OSError:
-        return False
+        return None
     finally:
         probe.close()
         os.close(folder)
+
+
+def _watch(pid: int, path: str) -> int | None:
+    """A pidfd of the proxy, so later calls see it alive without a probe;
+    None (probe each call) where pidfds are missing or the pid moved on."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+    os.set_inheritable(pidfd, False)
+    if _answers(path) != pid:  # it exited between the probe and the pidfd: its pid may be another's
+        os.close(pidfd)
+        return None
+    return pidfd
 
 
 def short_path(folder_fd: int, name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import http.server
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -224,3 +225,22 @@ def test_one_proxy_serves_every_user_and_exits_after_the_last(tmp_path):
         wait_for(lambda: not running(), timeout=10, what="the proxy to exit after its last user")
     finally:
         os.close(lock)
+
+
+def test_a_killed_proxy_is_started_again_at_the_next_ensure(tmp_path, site):
+    state = str(tmp_path)
+    internet.write_settings(state, [f"127.0.0.2:{site}"], None)
+    user = internet.Users(state)
+    try:
+        user.ensure()
+        first = internet._answers(internet.socket_path(state))
+        user.ensure()  # alive: nothing to do
+        assert internet._answers(internet.socket_path(state)) == first
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: internet._answers(internet.socket_path(state)) is None, what="the proxy to die")
+        user.ensure()
+        second = internet._answers(internet.socket_path(state))
+        assert second not in (None, first)
+        assert tunnel_get(state, "127.0.0.2", site).endswith(b"hello from /x")
+    finally:
+        user.close()

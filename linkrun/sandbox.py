@@ -102,7 +102,8 @@ def parse(data: Mapping, source: str) -> SandboxFile:
                                "name a program (sh), give its absolute path (/opt/x/bin/y), or *")
     hosts = _strings(value("internet", "hosts"), source, "[internet] hosts")
     for host in hosts:
-        if not re.fullmatch(r"(\*|(\*\.)?[A-Za-z0-9.-]+(:\d{1,5})?)", host):
+        match = re.fullmatch(r"(\*|(\*\.)?[A-Za-z0-9.-]+)(:(\d{1,5}))?", host)
+        if not match or match[4] and not 0 < int(match[4]) < 65536 or match[1] == "*" and match[3]:
             raise LinkRunError(f"{source}: [internet] hosts has {host!r}",
                                'write example.org, *.example.net, example.com:8443 or "*"')
     return SandboxFile(

@@ -101,6 +101,15 @@ def test_an_unknown_section_or_key_is_refused():
         sandbox.parse({"files": {"writes": ["x"]}}, "f")
 
 
+def test_internet_hosts_are_names_wildcards_and_ports_or_star():
+    good = ["example.org", "*.example.net", "api.example.com:8443", "127.0.0.2:8000", "localhost:5432", "*"]
+    assert sandbox.parse({"internet": {"hosts": good}}, "f").hosts == tuple(good)
+    for bad in ("http://example.org", "example.org/path", "example.org:0", "example.org:70000", "*:80",
+                "ex ample.org", "", "[::1]:80", "*.*.example.org"):
+        with pytest.raises(LinkRunError, match=r"\[internet\] hosts has"):
+            sandbox.parse({"internet": {"hosts": [bad]}}, "f")
+
+
 def test_a_section_left_out_takes_the_embedded_default():
     parsed = sandbox.parse({"files": {"write": ["data"]}}, "f")
     assert "sh" in parsed.allow and "python3" in parsed.allow

@@ -15,6 +15,7 @@ and the process ids above the connecting program, to tell calls apart).
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
 import select
@@ -85,7 +86,14 @@ def parse_route(text: str) -> str:
     return f"http://{host}:{int(port)}"
 
 
-def write_settings(state: str, hosts: list[str], route: str | None) -> None:
+# What the proxy admits: the [internet] hosts, the agent's route, and the way
+# in's port (never reached on an address of this machine or its network,
+# whatever the hosts name: DESIGN.md §6). collections, not typing: a
+# supervisor that imports this pays for nothing new.
+Settings = collections.namedtuple("Settings", "hosts route way_in_port", defaults=(None,))
+
+
+def write_settings(state: str, hosts: list[str], route: str | None, way_in_port: int | None = None) -> None:
     """The proxy's settings, whole or not at all (a running proxy reads them
     again when they change: the latest `up` decides what it admits)."""
     import orjson
@@ -94,12 +102,12 @@ def write_settings(state: str, hosts: list[str], route: str | None) -> None:
     path = os.path.join(state, SETTINGS)
     temporary = f"{path}.{os.getpid()}.new"
     with open(temporary, "wb") as f:
-        f.write(orjson.dumps({"hosts": list(hosts), "route": route}))
+        f.write(orjson.dumps({"hosts": list(hosts), "route": route, "way_in_port": way_in_port}))
     os.replace(temporary, path)
 
 
-def read_settings(state: str) -> tuple[list[str], str | None]:
-    """(hosts, route) from `<state>/proxy.json`; a clear error when it is missing or bad."""
+def read_settings(state: str) -> Settings:
+    """The settings in `<state>/proxy.json`; a clear error when it is missing or bad."""
     import orjson
 
     path = os.path.join(state, SETTINGS)
@@ -111,10 +119,13 @@ def read_settings(state: str) -> tuple[list[str], str | None]:
         raise LinkRunError(f"the agent's proxy has no settings: {path} is missing", fix) from None
     except (OSError, orjson.JSONDecodeError) as problem:
         raise LinkRunError(f"the agent's proxy settings {path} cannot be read: {problem}", fix) from None
-    hosts, route = data.get("hosts") if isinstance(data, dict) else None, data.get("route") if isinstance(data, dict) else None
-    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts) or not isinstance(route, str | None):
-        raise LinkRunError(f"the agent's proxy settings {path} are not a list of hosts and a route", fix)
-    return hosts, parse_route(route) if route else None
+    if not isinstance(data, dict):
+        data = {}
+    hosts, route, port = data.get("hosts"), data.get("route"), data.get("way_in_port")
+    if (not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts) or not isinstance(route, str | None)
+            or not (port is None or isinstance(port, int) and 0 < port < 65536)):
+        raise LinkRunError(f"the agent's proxy settings {path} are not a list of hosts, a route and a port", fix)
+    return Settings(hosts, parse_route(route) if route else None, port)
 
 
 class Users:

@@ -99,7 +99,7 @@ class Proxy:
         self.settings_path = os.path.join(state, internet.SETTINGS)
         self.refused_log = os.path.join(state, internet.REFUSED)
         self.seen: tuple | None = None
-        self.rules, self.route = Rules([]), None
+        self.rules, self.route, self.way_in_port = Rules([]), None, None
         self.reload()
 
     def reload(self) -> None:
@@ -114,7 +114,7 @@ class Proxy:
         if seen == self.seen:
             return
         try:
-            hosts, route = internet.read_settings(self.state)
+            hosts, route, self.way_in_port = internet.read_settings(self.state)
         except LinkRunError as problem:
             print(f"lnk-link-run proxy: {problem.message}; the hosts read before are kept", file=sys.stderr, flush=True)
             return
@@ -177,6 +177,9 @@ class Proxy:
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         addresses = [info[4][0] for info in infos]
+        if port == self.way_in_port and not all(public(a) for a in addresses):
+            raise PermissionError(f"is the way in's port on an address of this machine or its network "
+                                  f"({', '.join(sorted(set(addresses)))}), which no sandbox may reach")
         allowed = [a for a in addresses if named or public(a)]
         if not allowed:
             raise PermissionError(f"resolves to {', '.join(sorted(set(addresses)))}, an address of this "

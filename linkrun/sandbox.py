@@ -445,13 +445,13 @@ def main(argv: list[str]) -> int:
 def _run_with_internet(full: list[str], fds: list[int], folder: agent_folder.AgentFolder,
                        sandbox: SandboxFile) -> int:
     """As a call runs with [internet] hosts: the agent's proxy, given this
-    file's hosts (the route `up` set is kept), is kept while the program runs
-    (we stay its user, so we wait rather than exec)."""
+    file's hosts (the route and the way in `up` set are kept), is kept while
+    the program runs (we stay its user, so we wait rather than exec)."""
     try:
-        route = internet_.read_settings(folder.state)[1]
+        _, route, way_in_port = internet_.read_settings(folder.state)
     except LinkRunError:
-        route = None
-    internet_.write_settings(folder.state, list(sandbox.hosts), route)
+        route, way_in_port = None, None
+    internet_.write_settings(folder.state, list(sandbox.hosts), route, way_in_port)
     internet_.Users(folder.state).ensure()
     try:
         code = subprocess.run(full, pass_fds=fds, cwd=folder.files).returncode

@@ -215,6 +215,19 @@ def test_without_hosts_a_call_has_no_relay_no_proxy_folder_and_no_variables(tmp_
     assert server.close() == 0
 
 
+def test_the_way_in_is_never_reached_even_when_named(tmp_path, host_service, up_server):
+    # The host's service stands for the way in: up is told it is.
+    box = agent_with_hosts(tmp_path, f"127.0.0.1:{host_service}", f"localhost:{host_service}")
+    server = up_server(box, "--way-in", f"http://127.0.0.1:{host_service}/in", "--as", "main",
+                       "--keyring", str(box.keyring))
+    text = sh(server, status(f"http://127.0.0.1:{host_service}/", "--noproxy '' -x", RELAY)
+              + "; " + status(f"http://localhost:{host_service}/", "--noproxy '' -x", RELAY)
+              + f"; curl -sS --noproxy '' -x {RELAY} http://127.0.0.1:{host_service}/")
+    assert text.count("403\nexit 0") == 2, text
+    assert "is the way in's port on an address of this machine or its network (127.0.0.1)" in text, text
+    assert server.close() == 0
+
+
 def test_a_name_resolving_to_a_private_address_is_refused_unless_named(tmp_path, host_service, up_server):
     box = agent_with_hosts(tmp_path, "*", f"localhost:{host_service}")
     server = up_server(box)
@@ -320,7 +333,7 @@ def test_up_hands_serve_the_proxy_only_when_hosts_are_named(tmp_path):
     assert "--background" not in serve  # the proxy's state folder alone
     fixed = argv[argv.index("--") + 1:]
     assert fixed[fixed.index("HTTPS_PROXY") - 1:fixed.index("HTTPS_PROXY") + 2] == ["--setenv", "HTTPS_PROXY", RELAY]
-    assert internet.read_settings(str(box.root / "State")) == (["example.org"], "http://10.0.0.1:3128")
+    assert internet.read_settings(str(box.root / "State")) == (["example.org"], "http://10.0.0.1:3128", None)
 
 
 def test_up_and_serve_refuse_a_bad_route_or_a_proxy_without_its_settings(tmp_path, files):

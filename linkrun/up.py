@@ -152,10 +152,11 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     if settings.hosts or os.path.exists(os.path.join(folder.state, internet.SETTINGS)):
         # Also with no hosts: a proxy still kept by a background command follows the file.
         way_in_port = None
-        if way_in and str(way_in).startswith("http"):
+        if way_in:
             from .wayin import parse_address  # checked above: the way in's port, never reached
 
-            way_in_port = parse_address(str(way_in))[1]
+            kind, where, _ = parse_address(str(way_in))
+            way_in_port = where if kind == "http" else None
         internet.write_settings(folder.state, list(settings.hosts), route, way_in_port)
 
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,

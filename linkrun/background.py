@@ -248,12 +248,13 @@ class Background:
         s, b = self.settings, self.b
         return {
             "v": records.VERSION, "id": command_id, "argv": list(s.sandbox), "write": list(s.write),
-            "proxy": os.path.join(self.state, "proxy") if s.proxy else None,
+            "proxy": os.path.join(self.state, "proxy") if s.proxy else None, "seccomp": s.seccomp,
             "files": s.files, "folder": request.folder, "program": arguments["program"],
             "args": list(request.args), "program_argv": argv_tail, "started": records.now(),
             "timeout": b.timeout, "output": s.output, "background_output": b.output, "keep": b.keep,
             "way_in": b.way_in, "as": b.agent, "keyring": b.keyring, "thread": thread, "hops": hops,
             "state": "starting", "group": None, "leader_pid": None, "leader_start": None, "boot_id": None,
+            "init_pid": None, "init_start": None,
             "inode": None, "kept_from": 0, "bytes": 0, "ended": None, "exit": None, "signal": None,
             "told": "no way in" if b.way_in is None else "untold",
             "first_try": None, "sweep_first_try": None, "told_at": None,

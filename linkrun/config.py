@@ -108,6 +108,7 @@ class Serve:
     state: str | None  # with background commands, the proxy, or both
     background: Background | None
     sandbox: tuple[str, ...]
+    seccomp: str | None = None  # the syscall filter file, given to each call's bwrap
 
     @property
     def offers_background(self) -> bool:
@@ -117,7 +118,7 @@ class Serve:
 _SERVE_VALUED = {
     "--files", "--programs-path", "--timeout", "--output", "--program", "--var", "--write",
     "--state", "--way-in", "--as", "--keyring", "--background", "--background-timeout",
-    "--background-output", "--background-keep", "--background-per-day", "--hops",
+    "--background-output", "--background-keep", "--background-per-day", "--hops", "--seccomp",
 }
 _SERVE_SWITCHES = {"--proxy", "--no-way-in"}
 _REPEATABLE = {"--program", "--var", "--write"}
@@ -128,7 +129,7 @@ _BACKGROUND_REQUIRED = (
 
 SERVE_USAGE = (
     "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
-    "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... "
+    "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... [--seccomp <file>] "
     "[--state <dir> [--proxy] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
     "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
     "--background-keep <duration> --background-per-day <n> --hops <n>]] -- <sandbox>..."
@@ -204,6 +205,13 @@ def parse_serve(argv: list[str]) -> Serve:
     proxy = bool(flags.get("--proxy"))
     if proxy and "--state" not in flags:
         raise UsageError("--proxy needs --state <dir>", "the agent's proxy lives in its state folder")
+    seccomp = None
+    if "--seccomp" in flags:
+        if not (write or proxy):
+            raise UsageError("--seccomp needs --write", "the filter is part of the per-call sandbox, which --write asks for")
+        seccomp = os.path.abspath(str(flags["--seccomp"]))
+        if not os.access(seccomp, os.R_OK):
+            raise UsageError(f"--seccomp {seccomp!r} cannot be read", "give the filter file that lnk-link-run up writes")
 
     return Serve(
         files=files,
@@ -217,6 +225,7 @@ def parse_serve(argv: list[str]) -> Serve:
         state=os.path.abspath(str(flags["--state"])) if "--state" in flags else None,
         background=_parse_background(flags),
         sandbox=tuple(sandbox),
+        seccomp=seccomp,
     )
 
 

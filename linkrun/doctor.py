@@ -16,6 +16,7 @@ from . import agent as agent_folder
 from . import percall, sandbox
 from .config import split_flags
 from .errors import LinkRunError
+from .launch import Sandbox, prepare
 
 TROUBLESHOOTING = "docs/troubleshooting.md"
 
@@ -91,31 +92,27 @@ class Probe:
                                "do not run the sandbox with capabilities; report this as a bug")
 
 
-def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str]) -> Probe:
+def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str],
+                seccomp: str | None = None) -> Probe:
     sh = sandbox.find_system("sh")
     if sh is None:
         raise LinkRunError("no sh on the system PATH", "install a shell: the sandbox is checked with it")
-    files_fd = os.open(folder.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            part, fds = percall.call_part(files_fd, folder.files, write, None, "")
-        except percall.LinkOnPath as error:
-            raise LinkRunError(str(error)) from None
-    finally:
-        os.close(files_fd)
     # The probe writes nothing when the files folder is read-only, as it must be.
     # `stat` tells the files folder itself from a folder of the same name
     # that bwrap made inside because the real one was not shown.
     script = "pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi"
-    argv = list(fixed) + part + ["--", sh, "-c", script]
     try:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   cwd=folder.files, pass_fds=fds, stdin=subprocess.DEVNULL, env={})
-    except OSError as error:
-        raise LinkRunError(f"the sandbox did not start: {error}", f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
-    finally:
-        for fd in fds:
-            os.close(fd)
+        launch = prepare(Sandbox(tuple(fixed), folder.files, tuple(write), seccomp=seccomp), [sh, "-c", script],
+                         watch_init=False)
+    except percall.LinkOnPath as error:
+        raise LinkRunError(str(error)) from None
+    with launch:
+        try:
+            process = subprocess.Popen(launch.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       cwd=folder.files, pass_fds=launch.fds, stdin=subprocess.DEVNULL, env=launch.env)
+        except OSError as error:
+            raise LinkRunError(f"the sandbox did not start: {error}",
+                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
     return Probe(process, folder)
 
 

@@ -2,7 +2,7 @@
 
 Run by the supervisor (step 3) as
 
-    python -I -S gate.py <supervisor pid> <control fd> <sandbox argv...>
+    python -I -S gate.py <supervisor pid> <control fd> clear|keep <sandbox argv...>
 
 in the command's folder, with the per-call part's descriptors already
 inherited: stdlib only, no package and nothing else imported, so it starts
@@ -10,7 +10,9 @@ fast. It arms its death signal, checks that the supervisor is still its
 parent, and waits for the byte `G` on the control pipe (step 4) before it
 execs the sandbox, the same process. A supervisor killed before `G` leaves a
 gate that exits (EOF, or the death signal): nothing runs that a sweep cannot
-find.
+find. `clear` execs the sandbox with an empty environment (a real sandbox:
+bwrap's own environment is readable inside at /proc/1/environ); `keep`
+passes ours on (a pass-through sandbox in tests).
 """
 
 import ctypes
@@ -22,7 +24,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def main() -> int:
-    supervisor, control, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    supervisor, control, environment, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
     # 3. Die with the supervisor's main thread, which spawned us; then check it
     # is still our parent, or it died before the death signal was armed.
     libc = ctypes.CDLL(None, use_errno=True)
@@ -39,8 +41,10 @@ def main() -> int:
     # would not kill. subprocess restores them for serve's calls; we must here.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    # Even started with none, Python adds LC_CTYPE to its own environment.
+    env = {} if environment == "clear" else os.environ
     try:
-        os.execvp(argv[0], argv)
+        os.execve(argv[0], argv, env)
     except OSError as problem:
         print(f"lnk-link-run: cannot start the sandbox {argv[0]}: {problem.strerror}", file=sys.stderr)
         return 127

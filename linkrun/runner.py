@@ -22,6 +22,7 @@ from . import beneath
 from .capture import Capture
 from .child import SLICE, boottime, exit_status, kill_group
 from .errors import Refused
+from .launch import Launch, kill_init
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -107,9 +108,9 @@ def open_folder(files_fd: int, folder: str) -> int:
         raise Refused(str(problem), "give a folder of the files folder, such as work or work/project") from None
 
 
-def run(request: Request, argv: list[str], cwd_fd: int, pass_fds: tuple[int, ...],
-        cancel: Cancel, output_limit: int, progress=None) -> Outcome:
-    """Run `argv` (the sandbox and the program) in `cwd_fd`, and capture it.
+def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
+        progress=None) -> Outcome:
+    """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it.
 
     `progress(bytes_so_far)` is called at most every PROGRESS_EVERY seconds
     while output grows, never after this returns.
@@ -117,26 +118,40 @@ def run(request: Request, argv: list[str], cwd_fd: int, pass_fds: tuple[int, ...
     started = boottime()
     deadline = started + request.timeout
     process = subprocess.Popen(
-        argv,
+        launch.argv,
         stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=f"/proc/self/fd/{cwd_fd}",
         process_group=0,
-        pass_fds=pass_fds,
+        pass_fds=tuple(launch.fds),
+        env=launch.env,
     )
     pgid = process.pid
     pidfd = os.pidfd_open(process.pid)
-    cancel.on_cancel(lambda: kill_group(pgid))
+    init = None
+
+    def kill() -> None:
+        kill_group(pgid)
+        kill_init(init)
+
+    cancel.on_cancel(kill)
     output, errors = Capture(output_limit), Capture(output_limit)
     try:
-        state = _pump(process, pidfd, output, errors, request.input, deadline, cancel, progress)
+        init = launch.started()
+        if cancel.cancelled:
+            kill_init(init)
+        state = _pump(process, pidfd, output, errors, request.input, deadline, cancel, progress, init)
     except BaseException:
-        kill_group(pgid)
+        kill()
         process.wait()
         raise
     finally:
         os.close(pidfd)
+        # The sandbox ends with its init, whatever a program did to the init's death signal.
+        kill_init(init)
+        if init is not None:
+            os.close(init)
     exit_code, signal_number, group_killed, timed_out = state
     seconds = boottime() - started
     if group_killed:
@@ -211,7 +226,7 @@ class Skimmer:
             os.close(fd)
 
 
-def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
+def _pump(process, pidfd, output, errors, data, deadline, cancel, progress, init):
     """The call's loop: output, input, the child's exit, the deadline.
 
     Returns (exit, signal, group_killed, timed_out).
@@ -252,6 +267,7 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
         now = boottime()
         if exited_at is None and not group_killed and now >= deadline:
             kill_group(process.pid)
+            kill_init(init)
             group_killed = timed_out = True
         if exited_at is not None and not group_killed and now - exited_at >= LEFTOVER_GRACE:
             kill_group(process.pid)  # a leftover still holds the pipes
@@ -270,6 +286,7 @@ def _pump(process, pidfd, output, errors, data, deadline, cancel, progress):
                 poller.unregister(pidfd)
                 exit_code, signal_number = exit_status(pidfd)
                 exited_at = boottime()
+                kill_init(init)  # what the program left dies with the sandbox's pid namespace
             elif fd == stdin_fd:
                 try:
                     written = os.write(stdin_fd, pending[:CHUNK])

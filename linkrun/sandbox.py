@@ -3,9 +3,9 @@
 `fixed_argv` is a pure function of its inputs (the agent's folder, the
 sandbox file, the facts of this machine gathered once by `host_facts`), so
 tests read it. The per-call part (the write folders, opened through
-descriptors) is `percall.call_part`, appended by serve and the gate at each
-call; `lnk-link-run sandbox` appends it too, so that it runs exactly what a
-call would.
+descriptors) is added by `launch.prepare` at each call, in serve and in the
+supervisor; `lnk-link-run sandbox` adds it too, so that it runs exactly what
+a call would.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from . import agent as agent_folder
 from . import internet as internet_
-from . import percall
 from .config import parse_size, split_flags
 from .errors import LinkRunError, UsageError
+from .launch import Sandbox, kill_init, prepare, program_argv
 from .programs import which
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -180,6 +180,7 @@ class Host:
     masks: tuple[str, ...]  # folders hidden under an empty tmpfs
     nproc: int  # --nproc: the uid's current count of tasks plus a wide margin
     fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
+    proc_read_only: tuple[str, ...] = ("/proc/sys",)  # the kernel's writable files in /proc, bound read-only
 
 
 def find_system(name: str) -> str | None:
@@ -211,7 +212,40 @@ def host_facts() -> Host:
                     and not os.path.islink(f"/etc/{m}")),
         nproc=nproc_limit(int(defaults()["limits"]["nproc_margin"])),
         fsize_max=_hard_limit(resource.RLIMIT_FSIZE),
+        proc_read_only=kernel_files_of_proc(),
     )
+
+
+def kernel_files_of_proc(proc: str = "/proc") -> tuple[str, ...]:
+    """The top-level entries of /proc that hold a writable file and are not a
+    process's own: the kernel's settings (`sys/`), `sysrq-trigger`, `irq/`,
+    `bus/`, `mtrr`, `pressure/` and the like, as this kernel has them.
+
+    As root a sandbox runs as the host's uid 0, and much of /proc checks only
+    that uid and the mode bits, never a capability: `/proc/sys/kernel/core_pattern`
+    written inside runs a program on the host as real root. bwrap guards
+    these only where the folder itself is writable, which it never is, so the
+    sandbox binds each one read-only over its own /proc.
+    """
+    found = []
+    for entry in sorted(os.scandir(proc), key=lambda e: e.name):
+        if entry.name.isdigit() or entry.name in ("self", "thread-self") or entry.is_symlink():
+            continue
+        if entry.name == "sys" or _holds_writable(entry, depth=4):
+            found.append(entry.path)
+    return tuple(found)
+
+
+def _holds_writable(entry: os.DirEntry, depth: int) -> bool:
+    try:
+        if entry.stat(follow_symlinks=False).st_mode & 0o222 and not entry.is_dir(follow_symlinks=False):
+            return True
+        if depth == 0 or not entry.is_dir(follow_symlinks=False):
+            return False
+        with os.scandir(entry.path) as children:
+            return any(_holds_writable(child, depth - 1) for child in children)
+    except OSError:
+        return False
 
 
 def _etc_wanted(name: str) -> bool:
@@ -342,8 +376,13 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
     for path in host.masks:
         argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
     tmp = str(sandbox.tmp_size)
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/tmp",
-             "--size", tmp, "--tmpfs", "/dev/shm", "--symlink", "/tmp", "/var/tmp"]
+    argv += ["--proc", "/proc"]
+    for path in host.proc_read_only:
+        argv += ["--ro-bind", path, path]
+    # /dev is a tmpfs of bwrap's without a size: read-only once its nodes are
+    # made, so nothing fills memory there (its own /dev/shm keeps a size).
+    argv += ["--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+             "--size", tmp, "--tmpfs", "/tmp", "--symlink", "/tmp", "/var/tmp"]
     # After /tmp, so that a program's or the agent's folder under /tmp is found inside it.
     for path in program_folders:
         own = next((place for place in SANDBOX_OWN if inside(place, path)), None)
@@ -416,21 +455,16 @@ def main(argv: list[str]) -> int:
         program[0] = found
 
     proxy_dir = os.path.join(folder.state, internet_.FOLDER) if sandbox.hosts else None
-    files_fd = os.open(folder.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            part, fds = percall.call_part(files_fd, folder.files, write_folders(sandbox), proxy_dir, "")
-        except percall.LinkOnPath as error:
-            raise LinkRunError(str(error)) from None
-    finally:
-        os.close(files_fd)
-    full = fixed + part + ["--"] + (list(internet_.RELAY) if sandbox.hosts else []) + program
+    box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir)
+    tail = program_argv(program[0], program[1:], relay=internet_.RELAY if sandbox.hosts else ())
     if flags.get("--print"):
-        print(shlex.join(full))
+        with prepare(box, tail, watch_init=False) as launch:
+            print(shlex.join(launch.argv))
         return 0
     if sandbox.hosts:
-        return _run_with_internet(full, fds, folder, sandbox)
-    for fd in fds:
+        return _run_with_internet(box, tail, folder, sandbox)
+    launch = prepare(box, tail, watch_init=False)
+    for fd in launch.fds:
         os.set_inheritable(fd, True)  # bwrap binds them, then closes them
     os.chdir(folder.files)
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored
@@ -438,11 +472,11 @@ def main(argv: list[str]) -> int:
     for number in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(number, signal.SIG_DFL)
     sys.stdout.flush()
-    os.execv(full[0], full)
+    os.execve(launch.argv[0], launch.argv, launch.env if launch.env is not None else os.environ)
     return 127  # not reached
 
 
-def _run_with_internet(full: list[str], fds: list[int], folder: agent_folder.AgentFolder,
+def _run_with_internet(box: Sandbox, tail: list[str], folder: agent_folder.AgentFolder,
                        sandbox: SandboxFile) -> int:
     """As a call runs with [internet] hosts: the agent's proxy, given this
     file's hosts (the route and the way in `up` set are kept), is kept while
@@ -453,9 +487,11 @@ def _run_with_internet(full: list[str], fds: list[int], folder: agent_folder.Age
         route, way_in_port = None, None
     internet_.write_settings(folder.state, list(sandbox.hosts), route, way_in_port)
     internet_.Users(folder.state).ensure()
-    try:
-        code = subprocess.run(full, pass_fds=fds, cwd=folder.files).returncode
-        return code if code >= 0 else 128 - code
-    finally:
-        for fd in fds:
-            os.close(fd)
+    with prepare(box, tail) as launch:
+        process = subprocess.Popen(launch.argv, pass_fds=launch.fds, cwd=folder.files, env=launch.env)
+        init = launch.started()
+        code = process.wait()
+        kill_init(init)
+        if init is not None:
+            os.close(init)
+    return code if code >= 0 else 128 - code

@@ -78,6 +78,8 @@ class Supervisor:
     def __init__(self, command_id: str, state: str):
         self.id = command_id
         self.state = state
+        self.launch = None  # the sandbox's launch, from step 3
+        self.init: int | None = None  # a pidfd of the sandbox's init, once it runs
 
     def run(self) -> int:
         import fcntl
@@ -164,10 +166,16 @@ class Supervisor:
         if os.path.exists(self.stop_path):
             os.close(self.control)  # the gate reads EOF and exits: nothing ran
             self.gate.wait()
+            self.launch.close()
             return self.finish(self.stop_state(), None, None)
         os.write(self.control, b"G")
         os.close(self.control)
         self.began = boottime()
+        # The sandbox's init, to end the sandbox through (and for a sweep, if we die).
+        self.init = self.launch.init_pidfd()
+        if self.init is not None:
+            record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
+            records.write(self.state, self.id, record)
         self.watching.start()  # only now: its imports would compete with the steps above
         try:
             return self.loop()
@@ -177,8 +185,11 @@ class Supervisor:
 
             from .child import kill_group
 
+            from .launch import kill_init
+
             self.log("failed while it ran; killing its group:\n" + traceback.format_exc())
             kill_group(self.gate.pid)
+            kill_init(self.init)
             self.gate.wait()
             return self.finish("lost", None, None)
 
@@ -224,21 +235,20 @@ class Supervisor:
         from . import beneath
 
         record = self.record
+        from .launch import Sandbox, prepare
+
+        box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
+                      record.get("seccomp"))
         files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fds: list[int] = []
         try:
             folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
-            fds.append(folder_fd)
-            part = []
-            if record["write"] or record["proxy"]:
-                from . import percall
-
-                part, opened = percall.call_part(files_fd, record["files"], record["write"], record["proxy"],
-                                                 record["folder"])
-                fds += opened
+            try:
+                self.launch = prepare(box, record["program_argv"], record["folder"], files_fd)
+            except BaseException:
+                os.close(folder_fd)
+                raise
         finally:
             os.close(files_fd)
-        argv = list(record["argv"]) + part + ["--"] + list(record["program_argv"])
         control_r, self.control = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         self.out_r = out_r
@@ -250,15 +260,17 @@ class Supervisor:
         except FileNotFoundError:
             stdin = subprocess.DEVNULL
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
+        environment = "keep" if self.launch.env is None else "clear"
         try:
             self.gate = subprocess.Popen(
-                [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), *argv],
-                stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *fds[1:]),
-                cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True,
+                [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment, *self.launch.argv],
+                stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *self.launch.fds),
+                cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=self.launch.env,
             )
         finally:
-            for fd in (control_r, out_w, *fds):
+            for fd in (control_r, out_w, folder_fd):
                 os.close(fd)
+            self.launch.handed_over()
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
                 os.unlink(input_path)  # fed: the gate holds it open now
@@ -274,6 +286,7 @@ class Supervisor:
         from .outfile import CHUNK, COALESCE
 
         from .child import SLICE, boottime, exit_status, kill_group
+        from .launch import kill_init
 
         record = self.record
         deadline = self.began + record["timeout"]
@@ -301,6 +314,7 @@ class Supervisor:
                     kill_at = now + 2.0
             if kill_at is not None and now >= kill_at and not exited:
                 kill_group(self.gate.pid, signal.SIGKILL)
+                kill_init(self.init)
                 kill_at = None
             if exited and pipe_open and now >= drain_until:
                 break  # something outside the group holds the pipe: stop reading
@@ -328,6 +342,7 @@ class Supervisor:
                     # What the program left dies with the sandbox's pid namespace;
                     # without one (a pass-through sandbox), with its group, now.
                     kill_group(self.gate.pid, signal.SIGKILL)
+                    kill_init(self.init)  # whatever a program did to the init's death signal
                     drain_until = boottime() + SLICE
                 elif fd == self.wake_r:
                     try:
@@ -337,6 +352,9 @@ class Supervisor:
                         pass
         self.gate.wait()
         os.close(self.pidfd)
+        if self.init is not None:
+            os.close(self.init)
+        self.launch.close()
         os.close(self.out_r)
         self.output.finish()
         if ending is None and self.signalled is not None:

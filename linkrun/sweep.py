@@ -117,21 +117,28 @@ def end_abandoned(state: str, record: dict) -> None:
 
 
 def kill_if_own(record: dict) -> None:
-    """Kill what is left of its group only when it is surely its own: the same
-    boot, and its leader the recorded process or gone."""
-    group, leader = record.get("group"), record.get("leader_pid")
-    if not group or not leader:
-        return
+    """Kill what is left of its sandbox only when it is surely its own: the
+    same boot, and the recorded processes the same (a pid reused by a stranger
+    is never signalled)."""
     if record.get("boot_id") != records.boot_id():
         return  # another boot: those numbers mean other processes now
-    start = records.process_start(leader)
-    if start is not None and start != record.get("leader_start"):
-        return  # the pid was reused by a stranger, who may lead that group now
-    try:
-        os.killpg(group, signal.SIGKILL)
-        log(f"{record['id']}: killed what was left of group {group}")
-    except ProcessLookupError:
-        pass
+    group, leader = record.get("group"), record.get("leader_pid")
+    start = records.process_start(leader) if leader else None
+    if group and leader and (start is None or start == record.get("leader_start")):
+        try:
+            os.killpg(group, signal.SIGKILL)
+            log(f"{record['id']}: killed what was left of group {group}")
+        except ProcessLookupError:
+            pass
+    # The sandbox's init is not in that group (it leads a session of its own),
+    # and a program that traced it may have cut it loose from the group's end.
+    init = record.get("init_pid")
+    if init and record.get("init_start") is not None and records.process_start(init) == record["init_start"]:
+        try:
+            os.kill(init, signal.SIGKILL)
+            log(f"{record['id']}: killed its sandbox's init, {init}")
+        except ProcessLookupError:
+            pass
 
 
 def last_sign_of_life(state: str, record: dict) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from . import runner
 from .capture import Capture
+from .launch import Launch, Sandbox, prepare, program_argv
 from .child import signal_name
 from .config import Serve, format_duration
 from .errors import LinkRunError, Refused
@@ -87,6 +88,9 @@ class Tools:
         self.programs = Programs(settings.programs, settings.programs_path, settings.sandbox)
         self.offered = self.programs.offered()
         self._files_fd = None
+        self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
+                               os.path.join(settings.state, "proxy") if settings.proxy and settings.state else None,
+                               settings.seccomp)
         self.table: dict[str, dict] = {}
         self.background = None
         self.proxy = None
@@ -224,8 +228,7 @@ class Tools:
         if name == "start":
             request = self.check_run(arguments, set(_RUN_PROPERTIES))
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
-            for fd in self.call_part(request.folder)[1]:  # refused now, not in the gate
-                os.close(fd)
+            self.launch(request, watch_init=False).close()  # a planted link is refused now, not in the gate
             answer = background.start(request, self.argv_tail(request), arguments, context.meta)
             how = ("a message from run:{id} will tell this conversation how it ended"
                    if self.settings.background.way_in else "use read with wait, or list, to learn how it ends")
@@ -278,27 +281,20 @@ class Tools:
 
     def argv_tail(self, request: runner.Request) -> list[str]:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
-        tail = []
+        relay: list[str] = []
         if self.settings.proxy:
             from .internet import RELAY
 
-            tail += RELAY
-        if self.settings.variables:
-            tail += ["/usr/bin/env"] + [f"{name}={value}" for name, value in self.settings.variables]
-        return tail + [request.program, *request.args]
+            relay = list(RELAY)
+        return program_argv(request.program, request.args, self.settings.variables, relay)
 
-    def call_part(self, folder: str) -> tuple[list[str], list[int]]:
-        """The per-call part of the sandbox argv (write folders bound by
-        descriptor, `--chdir`), and the descriptors to pass; nothing without
-        `--write` or `--proxy` (a pass-through sandbox)."""
-        s = self.settings
-        if not (s.write or s.proxy):
-            return [], []
+    def launch(self, request: runner.Request, watch_init: bool = True) -> Launch:
+        """The call's whole sandbox argv and its descriptors (see launch.py)."""
         from . import percall
 
-        proxy_dir = os.path.join(s.state, "proxy") if s.proxy else None
         try:
-            return percall.call_part(self._files_descriptor(), s.files, s.write, proxy_dir, folder)
+            return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(),
+                           watch_init)
         except percall.LinkOnPath as problem:
             raise Refused(str(problem)) from None
 
@@ -310,16 +306,10 @@ class Tools:
             def report(total):
                 context.progress(total, None, f"{total} bytes of output so far")
         try:
-            part, fds = self.call_part(request.folder)
-            try:
+            with self.launch(request) as launch:
                 no_internet = self._proxy_ready() if self.proxy is not None else None
                 since = time.time()
-                argv = list(self.settings.sandbox) + part + ["--"] + self.argv_tail(request)
-                outcome = runner.run(request, argv, folder_fd, tuple(fds), context.cancel,
-                                     self.settings.output, report)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+                outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report)
         finally:
             os.close(folder_fd)
         if outcome.cancelled:

@@ -176,6 +176,7 @@ def test_up_with_no_arguments_gives_a_working_sandboxed_server(box, servers):
     default_files = Path(box.env["XDG_DATA_HOME"]) / "linkrun" / "agents" / "main" / "Files"
     result = server.call("command", {"program": "sh", "args": [
         "-c", "pwd; echo $HOME; ls /proc | grep -cE '^[0-9]+$'; (: > x) 2>/dev/null || echo read-only"]})
+    assert "output" in text_of(result), text_of(result)
     pwd, home, processes, read_only = text_of(result).split("output")[1].split("\n")[1:5]
     assert (pwd, read_only) == (str(default_files), "read-only")
     assert home == str(default_files.parent / "Home")

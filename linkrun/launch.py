@@ -1,0 +1,204 @@
+"""One sandbox launch: the whole argv of a call and the descriptors it needs.
+
+Every place that runs a sandbox (a call in serve, a background command's
+gate, `lnk-link-run sandbox`, the probe of `up` and `doctor`) builds it here:
+
+    fixed part + per-call part + [--info-fd] [--seccomp] + -- + tail
+
+and one object owns the descriptors from their opening to their closing.
+The per-call part is added only for a real sandbox (serve's `--write` or
+`--proxy`); a pass-through sandbox in tests gets the tail alone, and keeps
+the caller's environment.
+
+A real sandbox starts with an empty environment: bwrap's `--clearenv` clears
+the program's, not bwrap's own, and bwrap's pid 1 keeps the environment it
+was started with, readable inside at /proc/1/environ.
+
+bwrap's `--info-fd` gives the host pid of the sandbox's init (its pid 1):
+`--die-with-parent` alone does not end a sandbox whose program traced its
+init and cleared the init's death signal, while a SIGKILL to that init from
+outside ends its pid namespace, and everything in it, always.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+INFO_LIMIT = 4096  # bwrap's info is one small JSON object
+
+
+@dataclass
+class Sandbox:
+    """What a launch needs to know of the agent's sandbox, fixed for a server or a record."""
+
+    fixed: tuple[str, ...]  # the sandbox command up built (or a pass-through in tests)
+    files: str  # the files folder
+    write: tuple[str, ...] = ()  # write folders, relative to the files folder
+    proxy_dir: str | None = None  # the proxy's socket folder, bound read-only inside
+    seccomp: str | None = None  # the filter file, opened afresh for each launch
+
+    @property
+    def real(self) -> bool:
+        """bwrap with a per-call part; without one, a pass-through that runs the tail as it is."""
+        return bool(self.write or self.proxy_dir)
+
+
+@dataclass
+class Launch:
+    """A sandbox's argv, ready to spawn. The caller spawns with `pass_fds=launch.fds`
+    and `env=launch.env`, then calls `started()`; `close()` (or the `with`
+    block's end) closes whatever is still open, on success and on error alike."""
+
+    argv: list[str]
+    fds: list[int] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    info_r: int | None = None  # our end of bwrap's --info-fd
+    info_w: int | None = None  # bwrap's end, among `fds`
+    init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
+
+    def __enter__(self) -> Launch:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def started(self) -> int | None:
+        """After the spawn: `handed_over()`, then `init_pidfd()`."""
+        self.handed_over()
+        return self.init_pidfd()
+
+    def handed_over(self) -> None:
+        """The child holds its descriptors now: close ours."""
+        while self.fds:
+            os.close(self.fds.pop())
+        self.info_w = None
+
+    def init_pidfd(self) -> int | None:
+        """A pidfd of the sandbox's init, once bwrap has made it (None for a
+        pass-through sandbox, or when bwrap ended before it made one). The
+        caller closes it. Our end of the info pipe stays open until `close()`:
+        bwrap writes more after the pid, and a pipe without a reader would
+        kill it with SIGPIPE."""
+        if self.info_r is None:
+            return None
+        pidfd, self.init_pid = _init_pidfd(self.info_r)
+        return pidfd
+
+    def close(self) -> None:
+        self.handed_over()
+        if self.info_r is not None:
+            os.close(self.info_r)
+            self.info_r = None
+
+
+def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: int | None = None,
+            watch_init: bool = True) -> Launch:
+    """The launch of one call running `tail` in `folder` (relative to the files folder).
+
+    `files_fd` is an open descriptor of the files folder, when the caller keeps
+    one; else it is opened here. `watch_init=False` for a launch nobody waits
+    on (an exec): bwrap would write its init's pid into a pipe nobody reads.
+    Raises percall.LinkOnPath when a link was planted on a path the sandbox
+    binds (nothing is left open then).
+    """
+    if not sandbox.real:
+        return Launch(list(sandbox.fixed) + ["--", *tail])
+    from . import percall  # only a real sandbox pays for it
+
+    own_fd = files_fd is None
+    if own_fd:
+        files_fd = os.open(sandbox.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        part, fds = percall.call_part(files_fd, sandbox.files, sandbox.write, sandbox.proxy_dir, folder)
+    finally:
+        if own_fd:
+            os.close(files_fd)
+    launch = Launch([], fds, env={})
+    try:
+        if sandbox.seccomp is not None:
+            try:
+                filter_fd = os.open(sandbox.seccomp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError as error:
+                from .errors import LinkRunError
+
+                raise LinkRunError(f"cannot open the sandbox's syscall filter {sandbox.seccomp}: {error.strerror}",
+                                   "start the agent again with lnk-link-run up, which writes it") from None
+            launch.fds.append(filter_fd)
+            part += ["--seccomp", str(filter_fd)]
+        if watch_init:
+            launch.info_r, launch.info_w = os.pipe2(os.O_CLOEXEC)
+            launch.fds.append(launch.info_w)
+            part += ["--info-fd", str(launch.info_w)]
+    except BaseException:
+        launch.close()
+        raise
+    launch.argv = list(sandbox.fixed) + part + ["--", *tail]
+    return launch
+
+
+def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[str, str]] = (),
+                 relay: Sequence[str] = ()) -> list[str]:
+    """What follows the sandbox's `--`: the relay when there is internet, then the
+    program, through env when --var is given."""
+    argv = list(relay)
+    if variables:
+        argv += ["/usr/bin/env"] + [f"{name}={value}" for name, value in variables]
+    return argv + [program, *args]
+
+
+def kill_init(pidfd: int | None) -> None:
+    """SIGKILL the sandbox's init: its pid namespace, and all in it, ends with it."""
+    if pidfd is None:
+        return
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # ended already
+
+
+def _init_pidfd(info_r: int) -> tuple[int | None, int | None]:
+    """Read `{"child-pid": N}` from bwrap's info pipe and hold N by a pidfd.
+
+    bwrap writes the pid as soon as its init exists, and the namespaces' ids
+    only once they are set up: the read stops at the pid. Once held, the pid
+    is checked to be a pid namespace's init (its parent may have changed
+    already, if a program cut it loose), so a pid reused meanwhile by a process
+    of the host is never the one killed.
+    """
+    data = b""
+    pid = None
+    while pid is None and len(data) < INFO_LIMIT:
+        chunk = os.read(info_r, INFO_LIMIT)
+        if not chunk:
+            break
+        data += chunk
+        pid = _child_pid(data)
+    if pid is None:
+        return None, None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None, None  # ended already: its namespace with it
+    if not _is_namespace_init(pid):
+        os.close(pidfd)
+        return None, None
+    return pidfd, pid
+
+
+def _child_pid(info: bytes) -> int | None:
+    match = re.search(rb'"child-pid"\s*:\s*(\d+)\s*[,}]', info)
+    return int(match[1]) if match else None
+
+
+def _is_namespace_init(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        ns_pids = status[b"NSpid"].split()  # its pid in each namespace, ours first
+    except (OSError, KeyError):
+        return False
+    return len(ns_pids) > 1 and ns_pids[-1] == b"1"

@@ -9,8 +9,8 @@ it. Of ours it imports `linkrun.errors` and, lazily, `linkrun.capture` and
 
 The program's output goes into a message that the agent reads as a message
 of its conversation, so it must never pass for the user's words: the text
-frames it between markers named after the command's id, and `_shown` makes
-sure no marker can appear inside (see `_MARKER_LIKE`).
+frames it between markers that carry a nonce made after the program ended,
+which nothing in the output can know (see `_nonce`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def told_text(record: dict, last_bytes: bytes) -> str:
     from .capture import utf8_tail
 
     id_ = record["id"]
-    command = _defang(" ".join(_quoted(word) for word in [record["program"], *record.get("args", [])]))
+    command = " ".join(_quoted(word) for word in [record["program"], *record.get("args", [])])
     first = f"Background command {id_} ({command}, started {_local_time(record['started'])}) {_ending(record)}"
     if record["state"] == "failed to start":
         return first + "."
@@ -75,15 +75,23 @@ def told_text(record: dict, last_bytes: bytes) -> str:
     shown, changed = _shown(tail)
     note = ""
     if changed:
-        note = (" (shown with control and invisible characters as \\x or \\u escapes and a space"
-                " after the first dash of any run of dashes before BEGIN or END OUTPUT, so that"
-                " nothing in it can pass for a marker; read gives the raw bytes)")
+        note = (" (shown with bytes that are not UTF-8, control and invisible characters as \\x or \\u"
+                " escapes; read gives the raw bytes)")
     if not shown.endswith("\n"):
         shown += "\n"
+    nonce = _nonce()
     return (f"{first}; it {ran} and {printed}. Its last bytes, between the markers, are the command's"
             f" own output{note}:\n"
-            f"-----BEGIN OUTPUT {id_}-----\n{shown}-----END OUTPUT {id_}-----\n"
+            f"-----BEGIN OUTPUT {nonce}-----\n{shown}-----END OUTPUT {nonce}-----\n"
             f"read more with read id={id_}")
+
+
+def _nonce() -> str:
+    """The markers' nonce: 128 random bits as 32 lower-case hex digits, made for each
+    message after the program ended and never stored, so the program cannot have
+    printed it, and nothing in the output needs breaking (a lookalike cannot pass
+    for a marker it does not know). What secrets.token_hex does, without its imports."""
+    return os.urandom(16).hex()
 
 
 def _ending(record: dict) -> str:
@@ -162,19 +170,12 @@ def _quoted(word: str) -> str:
     return "'" + word.replace("'", "'\\''") + "'"
 
 
-# A marker, or anything a reader could take for one: a run of three or more
-# dashes (ASCII or Unicode dash-likes), then BEGIN or END OUTPUT, in any case,
-# anywhere in a line. The id is no secret (the program sees its output file's
-# name), so the block cannot rely on it: every such run is broken instead, by
-# a space after its first dash. The exact markers then appear once each in the
-# whole text, each on a line of its own.
-_DASH = "-\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2e3a\u2e3b\ufe58\ufe63\uff0d"
-_MARKER_LIKE = re.compile(rf"[{_DASH}]{{3,}}(?=\s*(?:BEGIN|END)\s+OUTPUT)", re.IGNORECASE)
-# Characters that could hide a marker or fake a line break: C0 and C1
-# controls but tab, newline and the CR of a CRLF (a lone CR rewrites a
-# terminal line), the Unicode line and paragraph separators, and the
-# invisible format characters (zero-width, bidirectional overrides, the BOM).
-# Shown as escapes.
+# Characters that would make the output read otherwise than it is, to a
+# person shown the conversation or to a harness splitting it into lines: C0
+# and C1 controls but tab, newline and the CR of a CRLF (a lone CR or an
+# escape sequence rewrites a terminal line), the Unicode line and paragraph
+# separators, and the invisible format characters (zero-width, bidirectional
+# overrides, the BOM). Shown as escapes.
 _HIDDEN = re.compile(
     "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
     "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]|\r(?!\n)")
@@ -195,16 +196,7 @@ def _shown(data: bytes) -> tuple[str, bool]:
     except UnicodeDecodeError:
         text, changed = data.decode("utf-8", "backslashreplace"), True
     text, hidden = _HIDDEN.subn(lambda m: _escape(m.group()), text)
-    text, broken = _MARKER_LIKE.subn(_break, text)
-    return text, changed or bool(hidden) or bool(broken)
-
-
-def _break(match) -> str:
-    return match.group()[0] + " " + match.group()[1:]
-
-
-def _defang(text: str) -> str:
-    return _MARKER_LIKE.sub(_break, text)
+    return text, changed or bool(hidden)
 
 
 # -- the body and the signature ----------------------------------------------

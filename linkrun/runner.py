@@ -10,10 +10,12 @@ still holds the output pipes.
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import beneath
@@ -170,7 +172,7 @@ def _kill_later(pgid: int, process: subprocess.Popen) -> None:
 class _Input:
     """Feeds the call's input to the program as its pipe takes it, then closes the pipe."""
 
-    def __init__(self, watch: Watch, pipe, data: bytes) -> None:  # pipe: the Popen's stdin
+    def __init__(self, watch: Watch, pipe: io.BufferedWriter, data: bytes) -> None:
         self.watch, self.pipe, self.pending = watch, pipe, memoryview(data)
         self.fd = pipe.fileno()
         os.set_blocking(self.fd, False)
@@ -192,7 +194,7 @@ class _Input:
 class _Progress:
     """Reports the bytes so far at most every PROGRESS_EVERY seconds, when they grew."""
 
-    def __init__(self, report, output: Capture, errors: Capture) -> None:  # report(bytes_so_far)
+    def __init__(self, report: Callable[[int], None], output: Capture, errors: Capture) -> None:
         self.report, self.output, self.errors = report, output, errors
         self.at = boottime()
         self.reported = 0

@@ -22,6 +22,7 @@ import threading
 
 from . import records
 from .child import boottime, kill_group, signal_name
+from .errors import LinkRunError
 from .group import Leader, Stage, Watch
 from .outfile import OutputFile
 
@@ -149,7 +150,6 @@ class Supervisor:
             # Among the proxy's users until we exit, so the command's internet
             # outlives the serve that started it. Without it the program still
             # runs: the relay tells it it has no internet.
-            from .errors import LinkRunError
             from .internet import Users
 
             try:
@@ -184,7 +184,7 @@ class Supervisor:
             return self.loop()
         except Exception:
             # A failure of ours must not leave the command running unwatched.
-            import traceback
+            import traceback  # only here: it costs a start what it never needs
 
             self.log("failed while it ran; killing its group:\n" + traceback.format_exc())
             self.leader.kill()  # done already if the watch itself failed

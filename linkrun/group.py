@@ -136,7 +136,8 @@ class Watch:
         self._handlers.pop(fd, None)
 
     def stop(self, reason: str) -> None:
-        """Begin the staged stop, once, unless the leader has exited already."""
+        """Begin the staged stop, once, unless the leader has exited already. From the
+        loop's own thread (a tick); another thread kills with `leader.kill()`."""
         if self.ending is None and not self.exited:
             self.ending = reason
             self._stage_at = boottime()

@@ -1,6 +1,10 @@
-"""Head-and-tail capture of a stream, and UTF-8 cuts that never split a character."""
+"""Head-and-tail capture of a stream, read from its pipe, and UTF-8 cuts that never split a character."""
 
 from __future__ import annotations
+
+import os
+
+from .group import CHUNK, grow_pipe
 
 
 class Capture:
@@ -56,6 +60,90 @@ class Capture:
         if self.left_out == 0:
             return decode(bytes(self.head + self.tail)), ""
         return decode(utf8_head(self.head)), decode(utf8_tail(self.tail))
+
+
+class CaptureReader:
+    """Reads a pipe into its Capture; once the head is full, skims it.
+
+    Called with the pipe when it is readable; returns the bytes it moved, 0
+    at the end. `buffer` may be shared by the readers of one loop.
+    """
+
+    def __init__(self, capture: Capture, buffer: memoryview) -> None:
+        self.capture = capture
+        self.buffer = buffer
+        self.skimmer: Skimmer | None = None  # made once, at the first read with the head full
+        self.plain = False  # no tee here: copy as usual
+
+    def __call__(self, fd: int) -> int:
+        if self.capture.head_full and not self.plain:
+            try:
+                if self.skimmer is None:
+                    self.skimmer = Skimmer()
+                return self.skimmer.skim(fd, self.capture)
+            except OSError:
+                self.plain = True  # tee, or the skimmer's pipes, failed before anything was read
+        count = os.readv(fd, [self.buffer])
+        if count:
+            self.capture.feed(self.buffer[:count])
+        return count
+
+    def close(self) -> None:
+        if self.skimmer is not None:
+            self.skimmer.close()
+            self.skimmer = None
+
+
+class Skimmer:
+    """Drains a stream whose head is already kept, copying only its tail.
+
+    A flood spends its time copying pages out of the pipe. Once the head is
+    full only the last bytes matter, so each chunk is tee'd (by reference) to
+    a side pipe, the stream's own copy spliced to /dev/null, and of the side
+    copy only the last tail-size bytes are read: a gigabyte passes in about
+    the time `cat` takes to copy it, or less.
+    """
+
+    _tee = None
+
+    def __init__(self) -> None:
+        if Skimmer._tee is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            tee = libc.tee
+            tee.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint)
+            tee.restype = ctypes.c_ssize_t
+            Skimmer._tee = (tee, ctypes.get_errno)
+        self.side_r, self.side_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            grow_pipe(self.side_w)
+            self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        except BaseException:
+            os.close(self.side_r)
+            os.close(self.side_w)
+            raise
+
+    def skim(self, fd: int, capture: Capture) -> int:
+        tee, get_errno = Skimmer._tee
+        count = tee(fd, self.side_w, CHUNK, 0)
+        if count < 0:
+            raise OSError(get_errno(), "tee")
+        if count == 0:
+            return 0
+        os.splice(fd, self.null, count)
+        keep = min(count, capture.tail_size)
+        if count > keep:
+            os.splice(self.side_r, self.null, count - keep)
+        last = b""
+        while len(last) < keep:
+            last += os.read(self.side_r, keep - len(last))
+        capture.skip(count, last)
+        return count
+
+    def close(self) -> None:
+        for fd in (self.side_r, self.side_w, self.null):
+            os.close(fd)
 
 
 def decode(data: bytes | bytearray) -> str:

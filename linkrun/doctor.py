@@ -59,8 +59,8 @@ def probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequenc
 class Probe:
     """A probe under way: `up` starts it, does other work, then checks it."""
 
-    def __init__(self, process: subprocess.Popen, folder: agent_folder.AgentFolder):
-        self.process, self.folder = process, folder
+    def __init__(self, process: subprocess.Popen, folder: agent_folder.AgentFolder, filtered: bool):
+        self.process, self.folder, self.filtered = process, folder, filtered
 
     def check(self) -> None:
         folder = self.folder
@@ -90,6 +90,15 @@ class Probe:
         if "writable" in lines[2:]:
             raise LinkRunError(f"the files folder {folder.files} is writable inside the sandbox",
                                "do not run the sandbox with capabilities; report this as a bug")
+        if "proc-sys-read-only" not in lines[2:]:
+            raise LinkRunError("the kernel's settings (/proc/sys) are writable inside the sandbox",
+                               "update bubblewrap (0.8 or later binds it read-only as asked); report this as a bug")
+        if "environ 0" not in lines[2:]:
+            raise LinkRunError("the sandbox's init kept an environment, readable inside at /proc/1/environ",
+                               "report this as a bug: bwrap must start with an empty environment")
+        if self.filtered and not any(line.split() == ["Seccomp:", "2"] for line in lines[2:]):
+            raise LinkRunError("the sandbox's syscall filter is not loaded inside",
+                               "check that the kernel has seccomp (CONFIG_SECCOMP_FILTER); report this as a bug")
 
 
 def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str],
@@ -100,7 +109,11 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
     # The probe writes nothing when the files folder is read-only, as it must be.
     # `stat` tells the files folder itself from a folder of the same name
     # that bwrap made inside because the real one was not shown.
-    script = "pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi"
+    # The rest reads, never writes, what no program may change: the mount of
+    # /proc/sys, bwrap's own environment (pid 1's), and the filter's mode.
+    script = ("pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi; "
+              "grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo proc-sys-read-only; "
+              "echo environ $(wc -c < /proc/1/environ); grep '^Seccomp:' /proc/self/status")
     try:
         launch = prepare(Sandbox(tuple(fixed), folder.files, tuple(write), seccomp=seccomp), [sh, "-c", script],
                          watch_init=False)
@@ -113,7 +126,7 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
         except OSError as error:
             raise LinkRunError(f"the sandbox did not start: {error}",
                                f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
-    return Probe(process, folder)
+    return Probe(process, folder, seccomp is not None)
 
 
 def scope_works() -> tuple[bool, str]:
@@ -168,6 +181,8 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         fixed, kept, _ = sandbox.build(folder, settings, environ)
         probe(fixed, folder, sandbox.write_folders(settings))
         yield "ok", "the sandbox starts, in the files folder, which it cannot write but for its write folders", ""
+        yield "ok", "inside, the kernel's settings (/proc/sys) and /dev are read-only, and no process has the " \
+            "caller's environment", ""
     except LinkRunError as error:
         yield "FAIL", error.message, error.hint
         return

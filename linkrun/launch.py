@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -148,16 +147,6 @@ def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[st
     if variables:
         argv += ["/usr/bin/env"] + [f"{name}={value}" for name, value in variables]
     return argv + [program, *args]
-
-
-def kill_init(pidfd: int | None) -> None:
-    """SIGKILL the sandbox's init: its pid namespace, and all in it, ends with it."""
-    if pidfd is None:
-        return
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # ended already
 
 
 def _init_pidfd(info_r: int) -> tuple[int | None, int | None]:

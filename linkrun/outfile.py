@@ -12,12 +12,10 @@ through a link.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 
-CHUNK = 1 << 20
-PIPE_SIZE = 1 << 20
-COALESCE = 0.0005  # seconds to let output gather between moves while it flows
+from .group import CHUNK
+from .group import grow_pipe as grow_pipe  # where the supervisor's spawn looks for it
 # Read and write: a rotation copies the newest bytes out of the old file.
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 RETRY_FULL_DISK = 1.0
@@ -150,9 +148,3 @@ class OutputFile:
         if self.null is not None:
             os.close(self.null)
 
-
-def grow_pipe(fd: int):
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except OSError:
-        pass  # the default pipe works, with more wake-ups

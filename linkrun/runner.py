@@ -10,25 +10,23 @@ still holds the output pipes.
 
 from __future__ import annotations
 
-import fcntl
+import io
 import os
 import select
 import subprocess
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import beneath
-from .capture import Capture
-from .child import SLICE, boottime, exit_status, kill_group
+from .capture import Capture, CaptureReader
+from .child import boottime, kill_group
 from .errors import Refused
-from .launch import Launch, kill_init
+from .group import CHUNK, Leader, Watch, grow_pipe
+from .launch import Launch
 
-CHUNK = 1 << 20
-PIPE_SIZE = 1 << 20
 LEFTOVER_GRACE = 1.0
 PROGRESS_EVERY = 0.25
-COALESCE = 0.0005  # seconds to let output gather between reads while it flows
 
 
 @dataclass(frozen=True)
@@ -109,14 +107,13 @@ def open_folder(files_fd: int, folder: str) -> int:
 
 
 def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
-        progress=None) -> Outcome:
+        progress: Callable[[int], None] | None = None) -> Outcome:
     """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it.
 
     `progress(bytes_so_far)` is called at most every PROGRESS_EVERY seconds
     while output grows, never after this returns.
     """
     started = boottime()
-    deadline = started + request.timeout
     process = subprocess.Popen(
         launch.argv,
         stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
@@ -127,41 +124,46 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
         pass_fds=tuple(launch.fds),
         env=launch.env,
     )
-    pgid = process.pid
-    pidfd = os.pidfd_open(process.pid)
-    init = None
-
-    def kill() -> None:
-        kill_group(pgid)
-        kill_init(init)
-
-    cancel.on_cancel(kill)
-    output, errors = Capture(output_limit), Capture(output_limit)
+    leader = Leader(process)
     try:
-        init = launch.started()
-        if cancel.cancelled:
-            kill_init(init)
-        state = _pump(process, pidfd, output, errors, request.input, deadline, cancel, progress, init)
+        leader.sandbox_init = launch.started()
     except BaseException:
-        kill()
+        leader.kill()
+        leader.close()
+        process.wait()
+        raise
+    cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
+    watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
+    output, errors = Capture(output_limit), Capture(output_limit)
+    buffer = memoryview(bytearray(CHUNK))
+    readers = (CaptureReader(output, buffer), CaptureReader(errors, buffer))
+    try:
+        watch.drain(process.stdout.fileno(), readers[0])
+        watch.drain(process.stderr.fileno(), readers[1])
+        if request.input:
+            _Input(watch, process.stdin, request.input)
+        watch.run(_Progress(progress, output, errors) if progress is not None else None)
+    except BaseException:
+        leader.kill()  # done already if the watch itself failed
         process.wait()
         raise
     finally:
-        os.close(pidfd)
-        # The sandbox ends with its init, whatever a program did to the init's death signal.
-        kill_init(init)
-        if init is not None:
-            os.close(init)
-    exit_code, signal_number, group_killed, timed_out = state
+        leader.close()
+        for reader in readers:
+            reader.close()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
     seconds = boottime() - started
-    if group_killed:
+    if leader.killed:
         process.wait()
     else:
-        _kill_later(pgid, process)
-    return Outcome(exit_code, signal_number, timed_out, round(seconds, 3), output, errors, cancel.cancelled, process.pid)
+        _kill_later(process.pid, process)
+    return Outcome(watch.exit, watch.signal, watch.ending == "timed out", round(seconds, 3), output, errors,
+                   cancel.cancelled, process.pid)
 
 
-def _kill_later(pgid: int, process: subprocess.Popen):
+def _kill_later(pgid: int, process: subprocess.Popen) -> None:
     def kill():
         with _leftovers_lock:
             if _leftovers.pop(pgid, None) is None:
@@ -176,164 +178,42 @@ def _kill_later(pgid: int, process: subprocess.Popen):
     timer.start()
 
 
-class Skimmer:
-    """Drains a stream whose head is already kept, copying only its tail.
+class _Input:
+    """Feeds the call's input to the program as its pipe takes it, then closes the pipe."""
 
-    A flood spends its time copying pages out of the pipe. Once the head is
-    full only the last bytes matter, so each chunk is tee'd (by reference) to
-    a side pipe, the stream's own copy spliced to /dev/null, and of the side
-    copy only the last tail-size bytes are read: a gigabyte passes in about
-    the time `cat` takes to copy it, or less.
-    """
+    def __init__(self, watch: Watch, pipe: io.BufferedWriter, data: bytes) -> None:
+        self.watch, self.pipe, self.pending = watch, pipe, memoryview(data)
+        self.fd = pipe.fileno()
+        os.set_blocking(self.fd, False)
+        grow_pipe(self.fd)
+        watch.on_ready(self.fd, select.POLLOUT, self.feed)
 
-    _tee = None
-
-    def __init__(self):
-        if Skimmer._tee is None:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            tee = libc.tee
-            tee.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint)
-            tee.restype = ctypes.c_ssize_t
-            Skimmer._tee = (tee, ctypes.get_errno)
-        self.side_r, self.side_w = os.pipe2(os.O_CLOEXEC)
+    def feed(self) -> None:
         try:
-            fcntl.fcntl(self.side_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
-            pass
-        self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-
-    def skim(self, fd: int, capture: Capture) -> int:
-        tee, get_errno = Skimmer._tee
-        count = tee(fd, self.side_w, CHUNK, 0)
-        if count < 0:
-            raise OSError(get_errno(), "tee")
-        if count == 0:
-            return 0
-        os.splice(fd, self.null, count)
-        keep = min(count, capture.tail_size)
-        if count > keep:
-            os.splice(self.side_r, self.null, count - keep)
-        last = b""
-        while len(last) < keep:
-            last += os.read(self.side_r, keep - len(last))
-        capture.skip(count, last)
-        return count
-
-    def close(self):
-        for fd in (self.side_r, self.side_w, self.null):
-            os.close(fd)
+            self.pending = self.pending[os.write(self.fd, self.pending[:CHUNK]):]
+        except BlockingIOError:
+            return
+        except OSError:  # the program closed its input: the rest is not wanted
+            self.pending = memoryview(b"")
+        if not self.pending:
+            self.watch.forget(self.fd)
+            self.pipe.close()
 
 
-def _pump(process, pidfd, output, errors, data, deadline, cancel, progress, init):
-    """The call's loop: output, input, the child's exit, the deadline.
+class _Progress:
+    """Reports the bytes so far at most every PROGRESS_EVERY seconds, when they grew."""
 
-    Returns (exit, signal, group_killed, timed_out).
-    """
-    streams = {process.stdout.fileno(): output, process.stderr.fileno(): errors}
-    for fd in streams:
-        try:
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
-            pass  # a smaller pipe only costs more wake-ups
-    poller = select.poll()
-    for fd in streams:
-        poller.register(fd, select.POLLIN)
-    poller.register(pidfd, select.POLLIN)
-    stdin_fd = None
-    pending = memoryview(b"")
-    if data:
-        stdin_fd = process.stdin.fileno()
-        os.set_blocking(stdin_fd, False)
-        try:
-            fcntl.fcntl(stdin_fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
-            pass
-        pending = memoryview(data)
-        poller.register(stdin_fd, select.POLLOUT)
+    def __init__(self, report: Callable[[int], None], output: Capture, errors: Capture) -> None:
+        self.report, self.output, self.errors = report, output, errors
+        self.at = boottime()
+        self.reported = 0
 
-    buffer = bytearray(CHUNK)
-    view = memoryview(buffer)
-    skimmers: dict[int, Skimmer] = {}
-    plain: set[int] = set()
-    flowing = False
-    exit_code = signal_number = None
-    exited_at = None
-    group_killed = timed_out = False
-    last_progress = boottime()
-    reported = 0
-    while streams or exited_at is None:
+    def __call__(self, watch: Watch) -> float:
         now = boottime()
-        if exited_at is None and not group_killed and now >= deadline:
-            kill_group(process.pid)
-            kill_init(init)
-            group_killed = timed_out = True
-        if exited_at is not None and not group_killed and now - exited_at >= LEFTOVER_GRACE:
-            kill_group(process.pid)  # a leftover still holds the pipes
-            group_killed = True
-        if cancel.cancelled:
-            group_killed = True  # the cancel hook killed it
-        if exited_at is not None and group_killed and streams and now - exited_at >= LEFTOVER_GRACE + SLICE:
-            break  # something outside the group holds the pipes: stop reading
-        wake = min(deadline - now, SLICE) if not group_killed else SLICE
-        if exited_at is not None and not group_killed:
-            wake = min(wake, exited_at + LEFTOVER_GRACE - now)
-        if progress is not None:
-            wake = min(wake, PROGRESS_EVERY)
-        for fd, _event in poller.poll(max(0, wake) * 1000):
-            if fd == pidfd:
-                poller.unregister(pidfd)
-                exit_code, signal_number = exit_status(pidfd)
-                exited_at = boottime()
-                kill_init(init)  # what the program left dies with the sandbox's pid namespace
-            elif fd == stdin_fd:
-                try:
-                    written = os.write(stdin_fd, pending[:CHUNK])
-                    pending = pending[written:]
-                except BlockingIOError:
-                    continue
-                except OSError:  # the program closed its input: the rest is not wanted
-                    pending = memoryview(b"")
-                if not pending:
-                    poller.unregister(stdin_fd)
-                    process.stdin.close()
-                    stdin_fd = None
-            elif fd in streams:
-                capture = streams[fd]
-                if capture.head_full and fd not in plain:
-                    try:
-                        count = skimmers.setdefault(fd, Skimmer()).skim(fd, capture)
-                    except OSError:
-                        plain.add(fd)  # no tee here: copy as usual
-                        continue
-                else:
-                    count = os.readv(fd, [view])
-                    if count:
-                        capture.feed(view[:count])
-                if not count:
-                    poller.unregister(fd)
-                    del streams[fd]
-                elif count < CHUNK:
-                    flowing = True
-        if flowing:
-            # Let the pipe fill a little before the next wake: a flood written
-            # 8 KiB at a time would otherwise wake us for every write.
-            time.sleep(COALESCE)
-            flowing = False
-        if progress is not None and boottime() - last_progress >= PROGRESS_EVERY:
-            total = output.total + errors.total
-            if total != reported:
-                progress(total)
-                reported = total
-            last_progress = boottime()
-    for skimmer in skimmers.values():
-        skimmer.close()
-    if stdin_fd is not None:
-        process.stdin.close()
-    for fd in list(streams):
-        del streams[fd]
-    process.stdout.close()
-    process.stderr.close()
-    return exit_code, signal_number, group_killed, timed_out
-
+        if now - self.at >= PROGRESS_EVERY:
+            total = self.output.total + self.errors.total
+            if total != self.reported:
+                self.report(total)
+                self.reported = total
+            self.at = now
+        return self.at + PROGRESS_EVERY - now

@@ -27,7 +27,8 @@ from . import agent as agent_folder
 from . import internet as internet_
 from .config import parse_size, split_flags
 from .errors import LinkRunError, UsageError
-from .launch import Sandbox, kill_init, prepare, program_argv
+from .group import kill_init
+from .launch import Sandbox, prepare, program_argv
 from .programs import which
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -357,6 +357,10 @@ def main(argv: list[str]) -> int:
         from .config import SERVE_USAGE
         print(f"usage: {SERVE_USAGE}")
         return 0
+    # A call holds a few descriptors, and many calls run at once: never let a
+    # soft limit of 1024 refuse one while the hard limit allows it.
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     settings = parse_serve(argv)
     if settings.background is not None:
         from .records import check_filesystem

@@ -12,11 +12,23 @@ The step numbers are those of the design, and of background.py and gate.py.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import select
+import signal
+import subprocess
 import sys
+import threading
 
+from . import records
+from .child import boottime, kill_group, signal_name
+from .errors import LinkRunError
+from .group import Leader, Stage, Watch, grow_pipe
+from .launch import Launch, Sandbox, prepare
+from .outfile import OutputFile
 
 WATCH_PENDING = 0.01
+TERM_GRACE = 2.0  # from the SIGTERM of a stop to the SIGKILL
 USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not by hand)"
 
 
@@ -31,9 +43,7 @@ def main(argv: list[str]) -> int:
 
 
 def supervise(command_id: str, state: str) -> int:
-    from .records import ID
-
-    if not ID.match(command_id):
+    if not records.ID.match(command_id):
         print(f"supervise: {command_id!r} is not a command id", file=sys.stderr)
         return 2
     return Supervisor(command_id, os.path.abspath(state)).run()
@@ -75,19 +85,29 @@ BOOT = ("import os, sys\n"
 
 
 class Supervisor:
-    def __init__(self, command_id: str, state: str):
+    def __init__(self, command_id: str, state: str) -> None:
         self.id = command_id
         self.state = state
-        self.launch = None  # the sandbox's launch, from step 3
-        self.init: int | None = None  # a pidfd of the sandbox's init, once it runs
+        self.stop_path = records.path(state, command_id, ".stop")
+        self.stopped_for: str | None = None  # the stop file's reason, once read
+        self.record: dict = {}
+        self.lock_fd = -1
+        # The wake pipe: signals (through set_wakeup_fd) and the stop file's watch write to it.
+        self.wake_r = self.wake_w = -1
+        self.signalled: int | None = None
+        self.observer = None  # the stop file's watchdog observer, once set
+        self.poll_every: float | None = WATCH_PENDING  # how often to look for the stop file, if at all
+        self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
+        self.output: OutputFile | None = None
+        # Set by spawn_gate (step 3):
+        self.gate: subprocess.Popen | None = None
+        self.leader: Leader | None = None  # the gate, watched; its sandbox_init may be set
+        self.launch: Launch | None = None  # the sandbox's argv and descriptors; its info pipe until the end
+        self.control = -1  # the gate's control pipe: `G` starts the program
+        self.out_r = -1  # the program's output pipe
+        self.began = 0.0  # boot-time clock at `G`
 
     def run(self) -> int:
-        import fcntl
-        import signal
-
-        from . import records
-
-        self.records = records
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
         # the lock moves to a close-on-exec descriptor. We never exec after this.
         self.lock_fd = os.dup(0)
@@ -103,7 +123,6 @@ class Supervisor:
 
         # The signals of the agent's service stopping are recorded and acted on by the loop (8).
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.signalled = None
 
         def on_signal(number, frame):
             self.signalled = number
@@ -112,19 +131,12 @@ class Supervisor:
             signal.signal(number, on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
-        self.stop_path = records.path(self.state, self.id, ".stop")
         # 2. Watch for the stop file, on a thread of its own started once the
         # program runs: importing watchdog takes longer than everything else
         # here, and the program need not wait for it. Until the watch is set,
         # the loop looks for the stop file every WATCH_PENDING seconds; once
         # it is set the loop looks once more, so no stop is ever lost (and
         # step 4 looks before `G`).
-        import threading
-
-        self.observer = None
-        self.poll_every = WATCH_PENDING
-        self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
-        from .outfile import OutputFile
         try:
             self.output = OutputFile.create(record["files"], self.id, record["background_output"],
                                             on_rotate=self.rotated)
@@ -139,7 +151,6 @@ class Supervisor:
             # Among the proxy's users until we exit, so the command's internet
             # outlives the serve that started it. Without it the program still
             # runs: the relay tells it it has no internet.
-            from .errors import LinkRunError
             from .internet import Users
 
             try:
@@ -155,8 +166,6 @@ class Supervisor:
             return self.finish("failed to start", None, None)
 
         # 4. The record names the group before anything runs.
-        from .child import boottime
-
         record.update(
             state="running", group=self.gate.pid, leader_pid=self.gate.pid,
             leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
@@ -166,14 +175,15 @@ class Supervisor:
         if os.path.exists(self.stop_path):
             os.close(self.control)  # the gate reads EOF and exits: nothing ran
             self.gate.wait()
+            self.leader.close()
             self.launch.close()
             return self.finish(self.stop_state(), None, None)
         os.write(self.control, b"G")
         os.close(self.control)
         self.began = boottime()
-        # The sandbox's init, to end the sandbox through (and for a sweep, if we die).
-        self.init = self.launch.init_pidfd()
-        if self.init is not None:
+        # The sandbox is ended through its init, and a sweep finds it in the record if we die.
+        self.leader.sandbox_init = self.launch.init_pidfd()
+        if self.leader.sandbox_init is not None:
             record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
             records.write(self.state, self.id, record)
         self.watching.start()  # only now: its imports would compete with the steps above
@@ -181,15 +191,10 @@ class Supervisor:
             return self.loop()
         except Exception:
             # A failure of ours must not leave the command running unwatched.
-            import traceback
-
-            from .child import kill_group
-
-            from .launch import kill_init
+            import traceback  # only here: it costs a start what it never needs
 
             self.log("failed while it ran; killing its group:\n" + traceback.format_exc())
-            kill_group(self.gate.pid)
-            kill_init(self.init)
+            self.leader.kill()  # done already if the watch itself failed
             self.gate.wait()
             return self.finish("lost", None, None)
 
@@ -227,16 +232,12 @@ class Supervisor:
     # -- step 3 ---------------------------------------------------------------
 
     def spawn_gate(self):
-        """Step 3. The per-call part of the sandbox argv is built here, as
-        serve builds it, and its descriptors handed to the gate: the gate
-        itself only arms its death signal, waits for `G` and execs."""
-        import subprocess
-
+        """Step 3. The sandbox's launch is prepared here, as serve prepares a
+        call's, and its descriptors handed to the gate: the gate itself only
+        arms its death signal, waits for `G` and execs."""
         from . import beneath
 
         record = self.record
-        from .launch import Sandbox, prepare
-
         box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
                       record.get("seccomp"))
         files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -252,15 +253,14 @@ class Supervisor:
         control_r, self.control = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         self.out_r = out_r
-        from .outfile import grow_pipe
         grow_pipe(out_r)
-        input_path = self.records.path(self.state, self.id, ".in")
+        input_path = records.path(self.state, self.id, ".in")
         try:
             stdin = os.open(input_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             stdin = subprocess.DEVNULL
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
-        environment = "keep" if self.launch.env is None else "clear"
+        environment = "keep" if self.launch.env is None else "clear"  # see gate.py
         try:
             self.gate = subprocess.Popen(
                 [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment, *self.launch.argv],
@@ -274,104 +274,45 @@ class Supervisor:
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
                 os.unlink(input_path)  # fed: the gate holds it open now
-        self.pidfd = os.pidfd_open(self.gate.pid)
+        self.leader = Leader(self.gate)
 
     # -- steps 5 to 8: one loop -----------------------------------------------
 
     def loop(self) -> int:
-        import select
-        import signal
-        import time
-
-        from .outfile import CHUNK, COALESCE
-
-        from .child import SLICE, boottime, exit_status, kill_group
-        from .launch import kill_init
-
-        record = self.record
-        deadline = self.began + record["timeout"]
-        poller = select.poll()
-        poller.register(self.out_r, select.POLLIN)
-        poller.register(self.pidfd, select.POLLIN)
-        poller.register(self.wake_r, select.POLLIN)
-        exit_code = signal_number = None
-        exited = False
-        ending = None  # why we stop it: "timed out", "stopped", "lost"
-        kill_at = drain_until = None
-        pipe_open = True
-        while pipe_open or not exited:
-            now = boottime()
-            if ending is None and not exited:
-                if now >= deadline:
-                    ending = "timed out"
-                elif self.signalled is not None:
-                    ending = "lost"
-                elif os.path.exists(self.stop_path):
-                    ending = self.stop_state()
-                if ending is not None:
-                    self.log(f"stopping ({ending}): SIGTERM, then SIGKILL to group {self.gate.pid} in 2 s")
-                    self.terminate()
-                    kill_at = now + 2.0
-            if kill_at is not None and now >= kill_at and not exited:
-                kill_group(self.gate.pid, signal.SIGKILL)
-                kill_init(self.init)
-                kill_at = None
-            if exited and pipe_open and now >= drain_until:
-                break  # something outside the group holds the pipe: stop reading
-            wake = SLICE
-            if ending is None and not exited:
-                wake = min(wake, deadline - now)
-            if kill_at is not None:
-                wake = min(wake, kill_at - now)
-            if self.poll_every:
-                wake = min(wake, self.poll_every)
-            for fd, _event in poller.poll(max(0.0, wake) * 1000):
-                if fd == self.out_r:
-                    moved = self.output.pump(self.out_r)
-                    if not moved:
-                        poller.unregister(self.out_r)
-                        pipe_open = False
-                    elif moved < CHUNK:
-                        # Let the pipe fill a little: a flood written 8 KiB at a
-                        # time would otherwise wake us for every write.
-                        time.sleep(COALESCE)
-                elif fd == self.pidfd:
-                    poller.unregister(self.pidfd)
-                    exit_code, signal_number = exit_status(self.pidfd)
-                    exited = True
-                    # What the program left dies with the sandbox's pid namespace;
-                    # without one (a pass-through sandbox), with its group, now.
-                    kill_group(self.gate.pid, signal.SIGKILL)
-                    kill_init(self.init)  # whatever a program did to the init's death signal
-                    drain_until = boottime() + SLICE
-                elif fd == self.wake_r:
-                    try:
-                        while os.read(self.wake_r, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
+        watch = Watch(self.leader, self.began + self.record["timeout"], log=self.log,
+                      stages=(Stage("SIGTERM to the program's session", self.terminate, TERM_GRACE),))
+        watch.drain(self.out_r, self.output.pump)
+        watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
+        watch.run(self.look_for_a_stop)
         self.gate.wait()
-        os.close(self.pidfd)
-        if self.init is not None:
-            os.close(self.init)
         self.launch.close()
         os.close(self.out_r)
         self.output.finish()
+        ending = watch.ending
         if ending is None and self.signalled is not None:
             ending = "lost"
-        return self.finish(ending or "exited", exit_code, signal_number)
+        return self.finish(ending or "exited", watch.exit, watch.signal)
 
-    def terminate(self):
+    def look_for_a_stop(self, watch: Watch) -> float | None:
+        """At each wake: the agent's service stopping (a signal), or a stop file (step 8)."""
+        if watch.ending is None and not watch.exited:
+            if self.signalled is not None:
+                watch.stop("lost")
+            elif os.path.exists(self.stop_path):
+                watch.stop(self.stop_state())
+        return self.poll_every
+
+    def empty_wake_pipe(self) -> None:
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def terminate(self) -> None:
         """SIGTERM to the program's own session inside the sandbox, else to the gate's group."""
-        import signal
-
-        from .child import kill_group
-
         program = self.program_in_sandbox()
-        if program is not None:
-            kill_group(program, signal.SIGTERM)
-        else:
-            kill_group(self.gate.pid, signal.SIGTERM)
+        kill_group(program if program is not None else self.gate.pid, signal.SIGTERM)
 
     def program_in_sandbox(self) -> int | None:
         """The session the program runs in inside the sandbox, or None.
@@ -394,33 +335,31 @@ class Supervisor:
 
     def stop_state(self) -> str:
         """The stop file's reason, read once: the first reason wins."""
-        if getattr(self, "_stop_state", None) is None:
+        if self.stopped_for is None:
             try:
                 with open(self.stop_path, "rb") as f:
                     reason = f.read(64).decode("utf-8", "replace").strip()
             except OSError:
                 reason = ""
-            self._stop_state = "lost" if reason == "agent stopping" else "stopped"
-        return self._stop_state
+            self.stopped_for = "lost" if reason == "agent stopping" else "stopped"
+        return self.stopped_for
 
     # -- step 5 hook, and step 9 ----------------------------------------------
 
     def rotated(self, inode: int, kept_from: int):
         """(c) of a rotation: the record names the new file before it takes the old one's place."""
         self.record.update(inode=inode, kept_from=kept_from)
-        self.records.write(self.state, self.id, self.record)
+        records.write(self.state, self.id, self.record)
 
-    def finish(self, state: str, exit_code, signal_number) -> int:
-        from .child import signal_name
-
+    def finish(self, state: str, exit_code: int | None, signal_number: int | None) -> int:
         record = self.record
-        record.update(state=state, ended=self.records.now(), exit=exit_code,
+        record.update(state=state, ended=records.now(), exit=exit_code,
                       signal=signal_name(signal_number) if signal_number is not None else None)
-        if hasattr(self, "output"):
+        if self.output is not None:
             record.update(inode=self.output.inode, kept_from=self.output.kept_from, bytes=self.output.total)
         if record.get("told") != "no way in":
             record["told"] = "untold"
-        self.records.write(self.state, self.id, record)
+        records.write(self.state, self.id, record)
         self.log(f"ended: {state}, exit {exit_code}, signal {record['signal']}, {record.get('bytes', 0)} bytes")
         # A lost command (the agent or its service stopping) is told by the
         # sweep when the agent is back, not now.

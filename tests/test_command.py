@@ -3,6 +3,7 @@ programs that misbehave on purpose."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -101,6 +102,33 @@ def test_the_tail_is_kept_across_many_small_writes_after_the_head_is_full(server
     assert text.split("\n")[2] == stream[:10]
     assert text.split("\n")[4] == stream[-10:]
     assert result["structuredContent"]["output_bytes"] == len(stream)
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_many_small_reads_after_the_head_is_full_leave_serve_no_more_descriptors(server):
+    # Each read of a stream whose head is full once made a skimmer (three
+    # descriptors) and leaked it: a thousand later, every call failed.
+    script = ("import sys, time\n"
+              "sys.stdout.write('x' * 20000); sys.stdout.flush()\n"
+              "for i in range(400):\n"
+              "    print('line', i, flush=True); time.sleep(0.002)\n")
+    run(server, program="true")  # what the first call opens for good (the files folder) is open now
+    before = open_descriptors(server.process.pid)
+    result = run(server, program="python3", args=["-c", script])
+    assert result["structuredContent"]["exit"] == 0
+    assert "line 399" in text_of(result)
+    assert open_descriptors(server.process.pid) <= before
+
+
+def test_serve_raises_its_soft_limit_of_open_files_to_the_hard_limit(servers, files):
+    server = servers(["prlimit", "--nofile=1024:4096", *serve_argv(files)])
+    server.initialize()
+    with open(f"/proc/{server.process.pid}/limits") as f:
+        line = next(line for line in f if line.startswith("Max open files"))
+    assert line.split()[3:5] == ["4096", "4096"], line
 
 
 def test_invalid_utf8_is_answered_with_replacement_characters(server):

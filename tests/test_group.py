@@ -1,0 +1,70 @@
+"""The loop shared by a call and a background command, with real processes:
+its staged stop, and the sandbox's init killed with the group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+from conftest import pid_alive
+
+from linkrun.child import boottime
+from linkrun.group import Leader, Stage, Watch
+
+
+@pytest.fixture
+def stand_in_init():
+    """A process standing in for the sandbox's pid 1: in a group of its own, as bwrap's init is."""
+    process = subprocess.Popen(["sleep", "100"], process_group=0)
+    yield process
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+def watched(argv: list[str], init: subprocess.Popen | None = None) -> tuple[subprocess.Popen, Leader]:
+    process = subprocess.Popen(argv, process_group=0)
+    leader = Leader(process)
+    if init is not None:
+        leader.sandbox_init = os.pidfd_open(init.pid)  # set after the spawn, as serve would
+    return process, leader
+
+
+def test_the_sandbox_init_is_killed_when_the_leader_exits(stand_in_init):
+    process, leader = watched(["sh", "-c", "exit 3"], stand_in_init)
+    watch = Watch(leader, boottime() + 30, leftover_grace=1.0)  # a call's grace: the group itself waits
+    watch.run()
+    assert (watch.exit, watch.signal, watch.ending) == (3, None, None)
+    assert stand_in_init.wait(timeout=10) == -signal.SIGKILL
+    assert leader.pidfd is None and leader.sandbox_init is None  # both closed
+    process.wait()
+
+
+def test_a_stop_kills_the_sandbox_init_at_its_kill_stage_after_the_earlier_stages(stand_in_init):
+    # The leader ignores TERM, so only the stop's KILL ends it.
+    process, leader = watched(["sh", "-c", "trap '' TERM; while :; do sleep 1; done"], stand_in_init)
+    said: list[str] = []
+    termed: list[bool] = []
+
+    def term() -> None:
+        termed.append(pid_alive(stand_in_init.pid))  # the init still lives at the TERM
+        os.killpg(leader.pgid, signal.SIGTERM)
+
+    watch = Watch(leader, boottime() + 0.2, stages=(Stage("SIGTERM to the group", term, 0.3),), log=said.append)
+    watch.run()
+    assert watch.ending == "timed out" and watch.signal == signal.SIGKILL
+    assert termed == [True]
+    assert stand_in_init.wait(timeout=10) == -signal.SIGKILL
+    assert said == [f"stopping (timed out): SIGTERM to the group, then SIGKILL to group {process.pid} in 0.3 s",
+                    f"SIGKILL to group {process.pid}"]
+    process.wait()
+
+
+def test_without_a_sandbox_init_a_leader_that_exits_by_itself_is_not_killed():
+    process, leader = watched(["true"])
+    watch = Watch(leader, boottime() + 30, leftover_grace=1.0)
+    watch.run()
+    assert (watch.exit, watch.ending, leader.killed) == (0, None, False)
+    process.wait()

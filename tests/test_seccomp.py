@@ -124,7 +124,7 @@ def sandboxed(state: Path, argv: list[str], *, filtered: bool = True, writable: 
 
 def probe(state: Path, *, filtered: bool = True, user: str | None = None) -> dict[str, str]:
     numbers = json.dumps(seccomp.SYSCALLS[machine()])
-    done = sandboxed(state, ["/usr/bin/python3", "-I", "-c", PROBES, numbers], filtered=filtered, user=user)
+    done = sandboxed(state, [need("python3"), "-I", "-c", PROBES, numbers], filtered=filtered, user=user)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -250,19 +250,6 @@ def test_each_denied_syscall_fails_with_eperm_inside(tmp_path):
     assert probe(tmp_path) == DENIED_INSIDE | ALLOWED_INSIDE
 
 
-def test_the_probes_reach_the_kernel_without_the_filter(tmp_path):
-    """Without the filter no probe gets EPERM (clone3: ENOSYS), but where an
-    unprivileged caller's rights are checked first: so the test above can fail."""
-    require_sandbox()
-    need_filter()
-    answers = probe(tmp_path, filtered=False)
-    allowed_eperm = set() if os.geteuid() == 0 else PERMISSION_FIRST
-    allowed_eperm |= {"kexec_load", "kexec_file_load"}  # CAP_SYS_BOOT is the first namespace's
-    assert {name: answer for name, answer in answers.items()
-            if answer == DENIED_INSIDE.get(name) and name not in allowed_eperm} == {}
-    assert {name: answers[name] for name in ALLOWED_INSIDE} == ALLOWED_INSIDE
-
-
 @pytest.fixture
 def ordinary_user() -> str:
     if os.geteuid() != 0:
@@ -276,10 +263,52 @@ def ordinary_user() -> str:
     return TEST_USER
 
 
+def io_uring_refused_to_users() -> bool:
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            return f.read().strip() != "0"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_probes_reach_the_kernel_without_the_filter(tmp_path):
+    """Without the filter no probe gets the filter's answer (EPERM; clone3:
+    ENOSYS) but where the kernel checks the caller's rights first: so the
+    tests of the filter can fail."""
+    require_sandbox()
+    need_filter()
+    check_unfiltered(probe(tmp_path, filtered=False), os.geteuid() == 0)
+
+
+def test_the_probes_reach_the_kernel_without_the_filter_for_an_ordinary_user(tmp_path, ordinary_user):
+    require_sandbox()
+    need_filter()
+    check_unfiltered(probe(tmp_path, filtered=False, user=ordinary_user), False)
+
+
+def check_unfiltered(answers: dict[str, str], root: bool) -> None:
+    refused_first = {"kexec_load", "kexec_file_load"}  # CAP_SYS_BOOT is the first namespace's
+    if not root:
+        refused_first |= PERMISSION_FIRST | ({"io_uring_setup"} if io_uring_refused_to_users() else set())
+    assert {name: answer for name, answer in answers.items()
+            if answer == DENIED_INSIDE.get(name) and name not in refused_first} == {}
+    assert {name: answers[name] for name in ALLOWED_INSIDE} == ALLOWED_INSIDE
+
+
 def test_the_same_denials_hold_for_an_ordinary_user(tmp_path, ordinary_user):
     require_sandbox()
     need_filter()
     assert probe(tmp_path, user=ordinary_user) == DENIED_INSIDE | ALLOWED_INSIDE
+
+
+def test_the_sandboxs_init_is_under_the_filter_too(tmp_path):
+    """ptrace is allowed, so a program may trace bwrap's init (pid 1) and make
+    it call what it likes: the init must be filtered as well."""
+    require_sandbox()
+    need_filter()
+    done = sandboxed(tmp_path, ["/bin/sh", "-c", "grep -h '^Seccomp:' /proc/1/status /proc/self/status"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Seccomp:", "2", "Seccomp:", "2"]  # 2: a filter
 
 
 ABI_PROGRAM = r"""
@@ -321,7 +350,7 @@ def test_a_syscall_of_a_foreign_abi_kills_the_process(tmp_path):
     gcc = need("gcc", required=True)
     (tmp_path / "abi.c").write_text(ABI_PROGRAM)
     subprocess.run([gcc, "-O0", "-o", str(tmp_path / "abi"), str(tmp_path / "abi.c")], check=True)
-    done = sandboxed(tmp_path, ["/usr/bin/python3", "-I", "-c", RUN_ABI, str(tmp_path / "abi")])
+    done = sandboxed(tmp_path, [need("python3"), "-I", "-c", RUN_ABI, str(tmp_path / "abi")])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["x32", str(-signal.SIGSYS), "i386", str(-signal.SIGSYS)]
 
@@ -385,7 +414,7 @@ def test_the_filter_holds_for_a_program_started_by_a_traced_one(tmp_path):
     need_filter()
     strace = need("strace")
     numbers = json.dumps(seccomp.SYSCALLS[machine()])
-    done = sandboxed(tmp_path, [strace, "-f", "-o", "/dev/null", "/usr/bin/python3", "-I", "-c", PROBES, numbers])
+    done = sandboxed(tmp_path, [strace, "-f", "-o", "/dev/null", need("python3"), "-I", "-c", PROBES, numbers])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == DENIED_INSIDE | ALLOWED_INSIDE
 

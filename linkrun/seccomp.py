@@ -3,14 +3,15 @@
 A small classic BPF program, built here by hand, that bubblewrap installs
 with `--seccomp FD` just before it execs the program. It denies what no
 agent program needs (a shell, Python, Node, git, curl, pip, npm, a C
-compiler) and what the kernel's recent escapes went through: io_uring, the
+compiler) and what escapes from sandboxes have gone through: io_uring, the
 key syscalls, bpf, userfaultfd, perf_event_open, kexec, the mount API,
 new namespaces, and typing into a terminal (`TIOCSTI`, `TIOCLINUX`).
 
 `ensure` writes it once per agent into the state folder; each call opens
 that file afresh and hands the descriptor to bwrap, which reads it to its
-end. Stdlib only, importing nothing of ours: building it takes microseconds
-and nothing is loaded until `up` asks for it.
+end. Stdlib only, importing nothing of ours: building it takes about a
+tenth of a millisecond, and serve, supervisors and the gate never import
+it (they open the file).
 
 The program, in order (each step ends in one of four verdicts):
 
@@ -28,8 +29,9 @@ The program, in order (each step ends in one of four verdicts):
    int: comparing all 64 would let `TIOCSTI | 1 << 32` through), is
    `TIOCSTI` or `TIOCLINUX`: EPERM.
 6. Anything else: allowed. `ptrace` stays allowed: strace and debuggers are
-   real tools, and the sandbox is ended through its init, not only by
-   `--die-with-parent`, which a tracer could clear.
+   real tools; bwrap puts its init under the filter too, so a tracer gains
+   no unfiltered process, and the sandbox is ended through its init, not
+   only by `--die-with-parent`, which a tracer could clear.
 """
 
 from __future__ import annotations

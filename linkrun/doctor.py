@@ -50,10 +50,11 @@ _NAMESPACE_WORDS = ("namespace", "uid map", "unshare", "loopback", "Operation no
                     "Permission denied")
 
 
-def probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str]) -> None:
+def probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequence[str],
+          seccomp: str | None = None) -> None:
     """Start the agent's sandbox once, as a call would, and check that it ran
     in the files folder and cannot write it. Raises LinkRunError naming the fix."""
-    start_probe(fixed, folder, write).check()
+    start_probe(fixed, folder, write, seccomp).check()
 
 
 class Probe:
@@ -177,12 +178,21 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     if not os.path.isdir(folder.files):
         yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
         return
+    from . import seccomp
+
+    if seccomp.program() is None:
+        yield "warn", f"this machine type ({os.uname().machine}) has no syscall filter here: the sandbox " \
+            "runs without one", "see docs/security.md (the filter is built for x86_64 and aarch64)"
     try:
         fixed, kept, _ = sandbox.build(folder, settings, environ)
-        probe(fixed, folder, sandbox.write_folders(settings))
+        filter_path = seccomp.for_agent(folder.state)
+        probe(fixed, folder, sandbox.write_folders(settings), filter_path)
         yield "ok", "the sandbox starts, in the files folder, which it cannot write but for its write folders", ""
         yield "ok", "inside, the kernel's settings (/proc/sys) and /dev are read-only, and no process has the " \
             "caller's environment", ""
+        if filter_path:
+            yield "ok", "the syscall filter is loaded inside (io_uring, keys, bpf, the mount API, new namespaces " \
+                "and terminal injection are refused)", ""
     except LinkRunError as error:
         yield "FAIL", error.message, error.hint
         return

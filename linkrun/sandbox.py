@@ -456,7 +456,9 @@ def main(argv: list[str]) -> int:
         program[0] = found
 
     proxy_dir = os.path.join(folder.state, internet_.FOLDER) if sandbox.hosts else None
-    box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir)
+    from . import seccomp
+
+    box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))
     tail = program_argv(program[0], program[1:], relay=internet_.RELAY if sandbox.hosts else ())
     if flags.get("--print"):
         with prepare(box, tail, watch_init=False) as launch:

@@ -217,3 +217,15 @@ def ensure(state: str, machine: str | None = None) -> str | None:
         os.unlink(temporary)
         raise
     return path
+
+
+def for_agent(state: str) -> str | None:
+    """`ensure`, for `up`, `doctor` and `sandbox`: a state folder that cannot
+    be written is said in one line naming the fix."""
+    try:
+        return ensure(state)
+    except OSError as error:
+        from .errors import LinkRunError
+
+        raise LinkRunError(f"cannot write the sandbox's syscall filter in {state}: {error.strerror}",
+                           "make the agent's state folder writable for you") from None

@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 
 from . import agent as agent_folder
-from . import doctor, internet, sandbox
+from . import doctor, internet, sandbox, seccomp
 from .config import AGENT_ID, check_way_in, parse_duration, parse_size, split_flags
 from .errors import LinkRunError, UsageError
 
@@ -140,7 +140,8 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     keyring = os.path.abspath(str(flags.get("--keyring") or agent_folder.default_keyring(environ)))
     fixed, kept, _ = sandbox.build(folder, settings, environ, keyring)
     write = sandbox.write_folders(settings)
-    pending = doctor.start_probe(fixed, folder, write)
+    filter_path = seccomp.for_agent(folder.state)
+    pending = doctor.start_probe(fixed, folder, write, filter_path)
     if settings.hosts:
         if sandbox.find_system("socat") is None:
             raise LinkRunError(f"{settings.source}: [internet] names hosts, and the sandbox reaches them through "
@@ -165,6 +166,8 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
         serve += ["--program", program]
     for folder_ in write:
         serve += ["--write", folder_]
+    if filter_path:
+        serve += ["--seccomp", filter_path]
     if way_in or flags.get("--no-way-in") or settings.hosts:
         serve += ["--state", folder.state]
     if settings.hosts:

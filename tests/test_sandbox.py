@@ -339,5 +339,6 @@ def test_a_sandbox_runs_in_the_files_folder_and_prints_its_argv(box):
     printed = subprocess.run(SERVER + ["sandbox", "--file", str(box.file), "--agent", str(box.root), "--print",
                                        "--", "sh"], env=box.env, capture_output=True, text=True, check=True)
     assert printed.stdout.startswith("/usr/bin/prlimit --core=0 ")
-    assert f"--chdir {box.files} -- /usr/bin/sh" in printed.stdout
+    assert f"--chdir {box.files} --seccomp " in printed.stdout
+    assert printed.stdout.endswith(" -- /usr/bin/sh\n")
     assert f" {box.files}/data " in printed.stdout and f" {box.files}/work " in printed.stdout

@@ -86,10 +86,24 @@ def split_authority(text: str, default_port: str | None) -> tuple[str, str]:
     return text, default_port or ""
 
 
+# IPv6 forms whose last 32 bits are an IPv4 address a gateway may reach:
+# IPv4-compatible, IPv4-mapped, SIIT's IPv4-translated, NAT64's well-known prefix.
+_LAST_32_BITS_IPV4 = tuple(ipaddress.ip_network(n) for n in ("::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96"))
+# Never public: site-local (deprecated), and NAT64's local-use prefix, whose
+# IPv4 lies where the network's own prefix length puts it (RFC 6052).
+_NOT_PUBLIC_V6 = tuple(ipaddress.ip_network(n) for n in ("fec0::/10", "64:ff9b:1::/48"))
+
+
 def public(address: str) -> bool:
+    """A global unicast address; an IPv6 one that embeds an IPv4 address is judged by that."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if any(ip in network for network in _NOT_PUBLIC_V6):
+            return False
+        if any(ip in network for network in _LAST_32_BITS_IPV4):
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        elif ip.sixtofour:
+            ip = ip.sixtofour
     return ip.is_global and not ip.is_multicast
 
 

@@ -159,6 +159,28 @@ def test_star_refuses_loopback_and_a_name_resolving_to_it_unless_named(site, run
     assert b"an address of this machine" in tunnel_get(state, "localhost", 443)
 
 
+# Each an address of this machine (127.0.0.1) or its network inside an IPv6
+# one: where a NAT64, 6to4 or SIIT gateway exists, it would reach that IPv4.
+EMBEDDED_PRIVATE = ("::7f00:1", "::ffff:7f00:1", "::ffff:0:7f00:1", "64:ff9b::7f00:1", "64:ff9b:1::a00:1",
+                    "2002:7f00:1::1", "2002:a00:1::1", "fec0::1")
+
+
+def test_star_refuses_an_ipv6_address_that_embeds_a_private_ipv4_without_trying_it(run_proxy):
+    state = run_proxy("*")
+    for address in EMBEDDED_PRIVATE:
+        reply = tunnel_get(state, f"[{address}]", 80)
+        assert reply.startswith(b"HTTP/1.1 403") and b"an address of this machine" in reply, (address, reply)
+    assert internet.refused(state, 0) == [f"[{address}]:80" for address in EMBEDDED_PRIVATE]
+
+
+def test_an_embedded_public_ipv4_is_public_and_a_site_local_or_local_nat64_address_is_not():
+    for address in ("::5db8:d822", "::ffff:5db8:d822", "64:ff9b::5db8:d822", "2002:5db8:d822::1"):
+        assert proxy.public(address), address
+    for address in (*EMBEDDED_PRIVATE, "64:ff9b:1::5db8:d822", "fec0:1::5db8:d822", "::", "2002::1"):
+        assert not proxy.public(address), address
+    assert proxy.public("2606:4700::1111")
+
+
 def test_the_rules_match_exact_wildcard_and_port_entries():
     rules = proxy.Rules(["example.org", "*.example.net", "example.com:8443"])
     assert rules.admits("example.org", 443) == (True, True)

@@ -14,7 +14,12 @@ are a hundred small tasks.
 A name is resolved once; the address checked is the address connected. A
 target whose address is loopback, private, link-local or otherwise not
 global is refused unless the list names it exactly (a name or an address):
-the way in and the host's own services stay out of reach.
+the way in and the host's own services stay out of reach. An IPv6 address
+carrying an IPv4 one (NAT64, 6to4, mapped...) is judged by that IPv4 address.
+
+One sandbox cannot use up the proxy's descriptors: each (a pid namespace)
+holds at most `sandbox_cap()` connections; a request must arrive within
+HEAD_TIMEOUT, and a tunnel idle either way for TUNNEL_IDLE is closed.
 """
 
 from __future__ import annotations
@@ -116,8 +121,8 @@ def public(address: str) -> bool:
 
 def sandbox_cap(descriptors: int) -> int:
     """Connections one sandbox may hold: PER_SANDBOX, and at most a sixteenth
-    of the proxy's descriptors (a tunnel takes two), so that eight sandboxes
-    at their cap still leave the others room."""
+    of the proxy's descriptors, so that a sandbox at its cap, all of them
+    tunnels (two descriptors each), holds at most an eighth."""
     return max(1, min(PER_SANDBOX, descriptors // 16))
 
 

@@ -14,15 +14,22 @@ are a hundred small tasks.
 A name is resolved once; the address checked is the address connected. A
 target whose address is loopback, private, link-local or otherwise not
 global is refused unless the list names it exactly (a name or an address):
-the way in and the host's own services stay out of reach.
+the way in and the host's own services stay out of reach. An IPv6 address
+carrying an IPv4 one (NAT64, 6to4, mapped...) is judged by that IPv4 address.
+
+One sandbox cannot use up the proxy's descriptors: each (a pid namespace)
+holds at most `sandbox_cap()` connections; a request must arrive within
+HEAD_TIMEOUT, and a tunnel idle either way for TUNNEL_IDLE is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import fcntl
 import ipaddress
 import os
+import resource
 import socket
 import struct
 import sys
@@ -33,7 +40,12 @@ from .config import split_flags
 from .errors import LinkRunError, UsageError
 
 HEAD_MAX = 64 * 1024
-HEAD_TIMEOUT = 30.0
+# A client sends its request as it connects: a silent one only holds a descriptor.
+HEAD_TIMEOUT = float(os.environ.get("LNK_PROXY_HEAD_TIMEOUT", "10"))
+# Nothing either way for ten minutes: closed. Servers and NAT gateways drop
+# idle connections sooner (a minute or a few), so a live one sends keep-alives.
+TUNNEL_IDLE = float(os.environ.get("LNK_PROXY_IDLE_TIMEOUT", "600"))
+PER_SANDBOX = 256  # connections one sandbox may hold open at once (a browser's own limit)
 CONNECT_TIMEOUT = 10.0
 CHUNK = 256 * 1024
 USERS_CHECK = 1.0  # seconds between looks for a remaining user (no event exists for a flock's release)
@@ -86,16 +98,40 @@ def split_authority(text: str, default_port: str | None) -> tuple[str, str]:
     return text, default_port or ""
 
 
+# IPv6 forms whose last 32 bits are an IPv4 address a gateway may reach:
+# IPv4-compatible, IPv4-mapped, SIIT's IPv4-translated, NAT64's well-known prefix.
+_LAST_32_BITS_IPV4 = tuple(ipaddress.ip_network(n) for n in ("::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96"))
+# Never public: site-local (deprecated), and NAT64's local-use prefix, whose
+# IPv4 lies where the network's own prefix length puts it (RFC 6052).
+_NOT_PUBLIC_V6 = tuple(ipaddress.ip_network(n) for n in ("fec0::/10", "64:ff9b:1::/48"))
+
+
 def public(address: str) -> bool:
+    """A global unicast address; an IPv6 one that embeds an IPv4 address is judged by that."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if any(ip in network for network in _NOT_PUBLIC_V6):
+            return False
+        if any(ip in network for network in _LAST_32_BITS_IPV4):
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        elif ip.sixtofour:
+            ip = ip.sixtofour
     return ip.is_global and not ip.is_multicast
 
 
+def sandbox_cap(descriptors: int) -> int:
+    """Connections one sandbox may hold: PER_SANDBOX, and at most a sixteenth
+    of the proxy's descriptors, so that a sandbox at its cap, all of them
+    tunnels (two descriptors each), holds at most an eighth."""
+    return max(1, min(PER_SANDBOX, descriptors // 16))
+
+
 class Proxy:
-    def __init__(self, state: str):
+    def __init__(self, state: str, descriptors: int = 1024):
         self.state = state
+        self.cap = sandbox_cap(descriptors)
+        self.held: collections.Counter = collections.Counter()  # connections held, by sandbox
+        self.at_cap: set = set()  # sandboxes told of in the log, until they drop below the cap
         self.settings_path = os.path.join(state, internet.SETTINGS)
         self.refused_log = os.path.join(state, internet.REFUSED)
         self.seen: tuple | None = None
@@ -124,13 +160,33 @@ class Proxy:
               file=sys.stderr, flush=True)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        sandbox = _sandbox_of(_peer_pid(writer))
+        if self.held[sandbox] >= self.cap:
+            return await self.over_cap(writer, sandbox)
+        self.held[sandbox] += 1
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            writer.close()
-            return
-        try:
             await self.serve(head, reader, writer)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+            self.held[sandbox] -= 1
+            if self.held[sandbox] < self.cap:
+                self.at_cap.discard(sandbox)
+            if not self.held[sandbox]:
+                del self.held[sandbox]
+
+    async def over_cap(self, writer: asyncio.StreamWriter, sandbox: str) -> None:
+        """A 503 at once, without reading the request: the descriptor is free again as soon as it is sent."""
+        why = (f"this sandbox holds {self.cap} connections through it, the most one sandbox may "
+               "(so that it cannot take the internet from the others)")
+        if sandbox not in self.at_cap:  # once while it stays at the cap: a loop of connects fills no log
+            self.at_cap.add(sandbox)
+            print(f"lnk-link-run proxy: refusing new connections of {sandbox}: {why}", file=sys.stderr, flush=True)
+        try:
+            await self.answer(writer, 503, "Service Unavailable",
+                              f"Link Run's proxy refused this connection: {why}. Close some, or wait for them to end.")
         except (ConnectionError, OSError):
             pass
         finally:
@@ -171,7 +227,10 @@ class Proxy:
             await writer.drain()
         else:
             upstream_writer.write(rest)
-        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+        try:
+            await tunnel(reader, writer, upstream_reader, upstream_writer)
+        finally:
+            upstream_writer.close()
 
     async def connect(self, host: str, port: int, named: bool):
         loop = asyncio.get_running_loop()
@@ -237,9 +296,27 @@ class Proxy:
         await writer.drain()
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+async def tunnel(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
+                 upstream_reader: asyncio.StreamReader, upstream_writer: asyncio.StreamWriter) -> None:
+    """Both ways at once, until both ends are done or nothing moved either
+    way for TUNNEL_IDLE (the caller closes both ends)."""
+    loop = asyncio.get_running_loop()
+    moved = [loop.time()]  # when bytes last went either way
+    both = asyncio.gather(pipe(client_reader, upstream_writer, moved), pipe(upstream_reader, client_writer, moved))
+    while not both.done():
+        idle_until = moved[0] + TUNNEL_IDLE
+        if loop.time() >= idle_until:
+            both.cancel()
+            break
+        await asyncio.wait([both], timeout=idle_until - loop.time())
+    await asyncio.wait([both])  # cancelled or done: its result is not wanted
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: list[float]):
+    loop = asyncio.get_running_loop()
     try:
         while data := await reader.read(CHUNK):
+            moved[0] = loop.time()
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
@@ -262,6 +339,38 @@ def _peer_pid(writer) -> int | None:
     return pid or None
 
 
+NS_GET_PARENT = 0xB702  # ioctl: the pid namespace above this one (linux/nsfs.h)
+
+
+def _sandbox_of(pid: int | None) -> str:
+    """What the per-sandbox cap counts by: the pid namespace the connecting
+    process is in (a sandbox's own, whether its relay or its program
+    connects), or the one that holds it just below ours, so that namespaces
+    a program makes inside count as its sandbox. Else its pid, else one
+    bucket for peers already gone."""
+    if pid is None:
+        return "unknown peer"
+    try:
+        namespace = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return f"pid {pid}" if os.path.exists(f"/proc/{pid}") else "unknown peer"
+    try:
+        ours = os.stat("/proc/self/ns/pid").st_ino
+        while (found := os.fstat(namespace).st_ino) != ours:
+            try:
+                parent = fcntl.ioctl(namespace, NS_GET_PARENT)
+            except OSError:  # above it lies none we can see
+                break
+            if os.fstat(parent).st_ino == ours:
+                os.close(parent)
+                break
+            os.close(namespace)
+            namespace = parent
+        return f"pid namespace {found}"
+    finally:
+        os.close(namespace)
+
+
 def _ancestors(pid: int | None, depth: int = 12) -> list[int]:
     """`pid` and the processes above it, as far as /proc shows them."""
     found = []
@@ -281,6 +390,7 @@ def main(argv: list[str]) -> int:
         raise UsageError("proxy needs --state <dir>", "serve and the supervisors start it; lnk-link-run up "
                          "writes its settings from the sandbox file's [internet] hosts")
     state = os.path.abspath(str(flags["--state"]))
+    descriptors = _raise_descriptor_limit()
     internet.read_settings(state)  # a clear error in the log, rather than a proxy admitting nothing
     lock = os.open(os.path.join(state, "proxy.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -299,8 +409,20 @@ def main(argv: list[str]) -> int:
     listener.listen(256)
     os.rename(temporary, os.path.join(folder, internet.SOCKET))  # a restarted proxy replaces the socket whole
     print(f"lnk-link-run proxy: serving {folder}/{internet.SOCKET}", file=sys.stderr, flush=True)
-    asyncio.run(_serve(Proxy(state), listener, state))
+    asyncio.run(_serve(Proxy(state, descriptors), listener, state))
     return 0
+
+
+def _raise_descriptor_limit() -> int:
+    """The soft descriptor limit raised to the hard one (every connection
+    costs one, a tunnel two); the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    except (ValueError, OSError) as problem:
+        print(f"lnk-link-run proxy: keeps {soft} descriptors: {problem}", file=sys.stderr, flush=True)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 async def _serve(proxy: Proxy, listener: socket.socket, state: str):

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import fcntl
 import http.server
+import json
 import os
+import resource
 import signal
 import socket
+import socketserver
+import struct
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from conftest import SERVER, clean_env, wait_for
+from conftest import SERVER, clean_env, require_sandbox, wait_for
 
 from linkrun import internet, proxy
 
@@ -53,14 +59,19 @@ def site():
 def run_proxy(tmp_path):
     started = []
 
-    def start(*hosts: str) -> str:
+    def start(*hosts: str, nofile: tuple[int, int] | None = None, **env: str) -> str:
+        """A proxy admitting `hosts`, its stderr in `<state>/proxy.log`, its
+        environment `env`; with `nofile`, started under that descriptor limit (soft, hard)."""
         state = tmp_path / f"state{len(started)}"
         state.mkdir()
         users = os.open(state / "proxy.users", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(users, fcntl.LOCK_SH)  # a user, so it stays
         internet.write_settings(str(state), list(hosts), None)
         argv = SERVER + ["proxy", "--state", str(state)]
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)) if nofile else None
+        with open(state / "proxy.log", "wb") as log:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=log, env=clean_env(**env),
+                                       preexec_fn=limit)
         started.append((process, users))
         sock = state / "proxy" / "proxy.sock"
         wait_for(lambda: connects(str(sock)), what="the proxy to listen")
@@ -94,10 +105,18 @@ def ask(state: str, request: bytes, timeout=10.0) -> bytes:
         return data
 
 
+def connect_waiting(state: str, timeout: float) -> socket.socket:
+    """A connection to the proxy that waits up to `timeout` for room in its
+    backlog, as a relay's blocking connect does (a non-blocking one fails at once)."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(timeout), 0))
+    sock.connect(os.path.join(state, "proxy", "proxy.sock"))
+    sock.settimeout(timeout)
+    return sock
+
+
 def tunnel_get(state: str, host: str, port: int, path: str = "/x", timeout=10.0) -> bytes:
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(timeout)
-        sock.connect(os.path.join(state, "proxy", "proxy.sock"))
+    with connect_waiting(state, timeout) as sock:
         sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
         reply = b""
         while b"\r\n\r\n" not in reply:
@@ -159,6 +178,28 @@ def test_star_refuses_loopback_and_a_name_resolving_to_it_unless_named(site, run
     assert b"an address of this machine" in tunnel_get(state, "localhost", 443)
 
 
+# Each an address of this machine (127.0.0.1) or its network inside an IPv6
+# one: where a NAT64, 6to4 or SIIT gateway exists, it would reach that IPv4.
+EMBEDDED_PRIVATE = ("::7f00:1", "::ffff:7f00:1", "::ffff:0:7f00:1", "64:ff9b::7f00:1", "64:ff9b:1::a00:1",
+                    "2002:7f00:1::1", "2002:a00:1::1", "fec0::1")
+
+
+def test_star_refuses_an_ipv6_address_that_embeds_a_private_ipv4_without_trying_it(run_proxy):
+    state = run_proxy("*")
+    for address in EMBEDDED_PRIVATE:
+        reply = tunnel_get(state, f"[{address}]", 80)
+        assert reply.startswith(b"HTTP/1.1 403") and b"an address of this machine" in reply, (address, reply)
+    assert internet.refused(state, 0) == [f"[{address}]:80" for address in EMBEDDED_PRIVATE]
+
+
+def test_an_embedded_public_ipv4_is_public_and_a_site_local_or_local_nat64_address_is_not():
+    for address in ("::5db8:d822", "::ffff:5db8:d822", "64:ff9b::5db8:d822", "2002:5db8:d822::1"):
+        assert proxy.public(address), address
+    for address in (*EMBEDDED_PRIVATE, "64:ff9b:1::5db8:d822", "fec0:1::5db8:d822", "::", "2002::1"):
+        assert not proxy.public(address), address
+    assert proxy.public("2606:4700::1111")
+
+
 def test_the_rules_match_exact_wildcard_and_port_entries():
     rules = proxy.Rules(["example.org", "*.example.net", "example.com:8443"])
     assert rules.admits("example.org", 443) == (True, True)
@@ -199,6 +240,117 @@ def test_a_slow_client_does_not_stall_others(site, run_proxy):
         assert time.monotonic() - started < 5
     finally:
         slow.close()
+
+
+# A background command's many idle connections to the proxy, from a pid
+# namespace of its own as a sandbox's relay is: it opens them all, says how
+# many are connected, reads the proxy's answers until all but `admitted`
+# have answered, and holds them open until it is killed.
+HOG = r"""
+import collections, json, selectors, socket, sys, time
+path, count, admitted = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+held = []
+for _ in range(count):
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(path)  # blocking: on a full backlog, waits until the proxy accepts more
+    held.append(sock)
+print(len(held), flush=True)
+waiting = selectors.DefaultSelector()
+for sock in held:
+    waiting.register(sock, selectors.EVENT_READ)
+answers, sample = collections.Counter(), ""
+deadline = time.monotonic() + 60
+while sum(answers.values()) < len(held) - admitted and time.monotonic() < deadline:
+    for key, _ in waiting.select(1):
+        reply = key.fileobj.recv(65536).decode()
+        waiting.unregister(key.fileobj)
+        answers[reply.split(chr(13))[0]] += 1
+        sample = reply or sample
+print(json.dumps({"answers": answers, "sample": sample}), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_one_sandbox_holding_many_idle_connections_stalls_no_other(site, run_proxy):
+    require_sandbox()
+    descriptors = 512  # above the 256 the proxy may accept in one go, before any is answered
+    state = run_proxy(f"127.0.0.2:{site}", nofile=(descriptors, descriptors))
+    cap = proxy.sandbox_cap(descriptors)
+    argv = ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent", "--",
+            sys.executable, "-c", HOG, os.path.join(state, "proxy", "proxy.sock"), "600", str(cap)]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as hog:
+        try:
+            connected = int(hog.stdout.readline())
+            assert connected == 600  # more than the proxy's descriptors
+            assert tunnel_get(state, "127.0.0.2", site, timeout=20).endswith(b"hello from /x")
+            report = json.loads(hog.stdout.readline())
+            assert report["answers"] == {"HTTP/1.1 503 Service Unavailable": connected - cap}, report
+            assert f"holds {cap} connections" in report["sample"], report["sample"]
+            log = Path(state, "proxy.log").read_text()
+            assert log.count(f"holds {cap} connections") == 1, log  # once while it stays at the cap
+        finally:
+            hog.kill()
+
+
+def test_a_pid_namespace_made_inside_a_sandbox_counts_as_that_sandbox(tmp_path):
+    require_sandbox()
+    path = str(tmp_path / "s")
+    connect = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({json.dumps(path)}); s.recv(1)"
+    inner = f"bwrap --dev-bind / / --unshare-pid -- {sys.executable} -c '{connect}'"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(2)
+        listener.settimeout(20)
+        argv = ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent", "--",
+                "/bin/sh", "-c", f"{sys.executable} -c '{connect}' & {inner}; wait"]
+        with subprocess.Popen(argv) as sandbox:
+            try:
+                peers = [listener.accept()[0] for _ in range(2)]
+                pids = [struct.unpack("3i", p.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0] for p in peers]
+                assert len({os.readlink(f"/proc/{pid}/ns/pid") for pid in pids}) == 2  # one nested in the other
+                assert proxy._sandbox_of(pids[0]) == proxy._sandbox_of(pids[1]) != proxy._sandbox_of(os.getpid())
+                for peer in peers:
+                    peer.close()
+                assert sandbox.wait(timeout=10) == 0
+            finally:
+                sandbox.kill()
+
+
+def test_a_silent_connection_is_closed_after_the_head_timeout(site, run_proxy):
+    state = run_proxy(f"127.0.0.2:{site}", LNK_PROXY_HEAD_TIMEOUT="1")
+    with connect_waiting(state, 10) as silent:
+        silent.sendall(b"CONNECT 127.0.0.2")  # and nothing more
+        assert silent.recv(4096) == b""  # closed by the proxy, well before this socket's own 10 s
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(4096):
+            self.request.sendall(data)
+
+
+def test_a_tunnel_idle_either_way_is_closed_and_a_busy_one_is_not(run_proxy):
+    with socketserver.ThreadingTCPServer(("127.0.0.2", 0), Echo) as echo:
+        threading.Thread(target=echo.serve_forever, daemon=True).start()
+        port = echo.server_address[1]
+        state = run_proxy(f"127.0.0.2:{port}", LNK_PROXY_IDLE_TIMEOUT="2")
+        with connect_waiting(state, 20) as sock:
+            sock.sendall(f"CONNECT 127.0.0.2:{port} HTTP/1.1\r\n\r\n".encode())
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            while time.monotonic() - started < 4:  # twice the idle time, busy all along
+                sock.sendall(b"ping")
+                assert sock.recv(4096) == b"ping"
+                time.sleep(0.2)
+            assert sock.recv(4096) == b""  # then idle: closed
+        echo.shutdown()
+
+
+def test_the_proxy_raises_its_descriptor_limit_to_the_hard_one(run_proxy):
+    state = run_proxy("example.org", nofile=(256, 1024))
+    pid = internet._answers(internet.socket_path(state))
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    assert [line.split()[3:5] for line in limits.splitlines() if line.startswith("Max open files")] == [["1024", "1024"]]
 
 
 def test_one_proxy_serves_every_user_and_exits_after_the_last(tmp_path):

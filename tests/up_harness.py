@@ -204,32 +204,16 @@ def stop_background(state: Path) -> None:
                  what=f"the supervisor of {command_id} to end")
 
 
-def start_up(who: str, workdir: Path, runtime: Path | None) -> Up:
-    """Start `up --no-way-in` for a new agent as root or as the ordinary user.
-
-    workdir holds the agent (for the tester, a folder under its home); runtime
-    is the readable venv, for the tester only."""
-    env_secret, key_secret = secrets.token_hex(16), secrets.token_hex(16)
-    agent = workdir / "agent"
-    sandbox_file = workdir / "sandbox.toml"
-    sandbox_file.write_text(SANDBOX_FILE)
-    as_tester = who == "user" and running_as_root()
-    account = ensure_tester() if as_tester else pwd.getpwuid(os.geteuid())
-    home = account.pw_dir if who == "user" else str(workdir / "home")
-    os.makedirs(home, exist_ok=True)
-    python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester else SERVER[:2]
+def up_command(python: list[str], agent: Path, sandbox_file: Path, key_secret: str) -> list[str]:
+    """`up --no-way-in` for the agent, started in a session keyring of its own holding the key."""
     up = python + ["-m", "linkrun", "up", "--agent", str(agent), "--sandbox", str(sandbox_file), "--no-way-in"]
     syscalls = key_syscalls()
-    if syscalls is not None:
-        up = [python[0], "-I", "-S", "-c", KEYRING_LAUNCHER, syscalls, KEY_DESCRIPTION, key_secret, *up]
-    env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name,
-           SECRET_VARIABLE: env_secret}
-    if as_tester:
-        for path in (workdir, sandbox_file):
-            os.chown(path, account.pw_uid, account.pw_gid)
-        server = RawServer(up, env=env, user=account.pw_uid, group=account.pw_gid, cwd=home)
-    else:
-        server = RawServer(up, env=env, cwd=home)
+    if syscalls is None:
+        return up
+    return [python[0], "-I", "-S", "-c", KEYRING_LAUNCHER, syscalls, KEY_DESCRIPTION, key_secret, *up]
+
+
+def initialize(server: RawServer, who: str) -> None:
     try:
         # up checks the sandbox before it answers: slow on a loaded machine.
         server.request("initialize", {"protocolVersion": LEGACY, "capabilities": {},
@@ -238,16 +222,39 @@ def start_up(who: str, workdir: Path, runtime: Path | None) -> Up:
     except BaseException:
         server.kill()
         raise AssertionError(f"up did not start as {who}: {server.stderr.decode(errors='replace')}") from None
+
+
+def start_up(who: str, workdir: Path, runtime: Path | None) -> Up:
+    """Start `up` for a new agent in workdir, as root or as the ordinary user
+    (as root: lnk-tester, from the readable venv `runtime`)."""
+    env_secret, key_secret = secrets.token_hex(16), secrets.token_hex(16)
+    as_tester = who == "user" and running_as_root()
+    account = ensure_tester() if as_tester else pwd.getpwuid(os.geteuid())
+    home = account.pw_dir if as_tester else str(workdir / "home")
+    os.makedirs(home, exist_ok=True)
+    sandbox_file = workdir / "sandbox.toml"
+    sandbox_file.write_text(SANDBOX_FILE)
+    python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester else SERVER[:2]
+    argv = up_command(python, workdir / "agent", sandbox_file, key_secret)
+    env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name,
+           SECRET_VARIABLE: env_secret}
+    if as_tester:
+        for path in (workdir, sandbox_file):
+            os.chown(path, account.pw_uid, account.pw_gid)
+        server = RawServer(argv, env=env, user=account.pw_uid, group=account.pw_gid, cwd=home)
+    else:
+        server = RawServer(argv, env=env, cwd=home)
+    initialize(server, who)
     running_as = os.stat(f"/proc/{server.process.pid}").st_uid
     assert running_as == account.pw_uid, f"up runs as uid {running_as}, not as {account.pw_name}"
-    return Up(who, server, agent, env_secret, key_secret)
+    return Up(who, server, workdir / "agent", env_secret, key_secret)
 
 
 def run_up(who: str, tmp_path: Path, runtime: Path | None) -> Iterator[Up]:
     """An `up` as root or as the ordinary user; at the end, nothing of it is left."""
-    if who == "user" and running_as_root():
-        tester = ensure_tester()
-        workdir = Path(tempfile.mkdtemp(prefix="lnk-test-", dir=tester.pw_dir))
+    in_testers_home = who == "user" and running_as_root()
+    if in_testers_home:  # not under /tmp, and where the tester may write
+        workdir = Path(tempfile.mkdtemp(prefix="lnk-test-", dir=ensure_tester().pw_dir))
     else:
         workdir = tmp_path / "up"
         workdir.mkdir()
@@ -261,7 +268,7 @@ def run_up(who: str, tmp_path: Path, runtime: Path | None) -> Iterator[Up]:
             stop_background(up.state)
             kill_tagged(up.tags)
     finally:
-        if workdir.is_relative_to("/home"):
+        if in_testers_home:
             wait_for(lambda: _removed(workdir), timeout=30, what=f"{workdir} to be removed")
 
 

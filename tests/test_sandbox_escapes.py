@@ -16,7 +16,7 @@ import secrets
 
 import pytest
 from conftest import wait_for
-from up_harness import KEY_DESCRIPTION, SECRET_VARIABLE, key_syscalls, processes_with
+from up_harness import KEY_DESCRIPTION, SECRET_VARIABLE, Up, key_syscalls, processes_with
 
 # A few seconds for the sandbox to be gone once the call answered: its end is
 # an event (a kill), not a wait.
@@ -204,7 +204,7 @@ def key_numbers() -> str:
     return numbers
 
 
-def printed_json(text: str):
+def printed_json(text: str) -> dict:
     """The JSON line a program printed, out of the call's answer."""
     return json.loads(next(line for line in text.splitlines() if line.startswith("{")))
 
@@ -215,26 +215,26 @@ def nothing_left(tag: str) -> bool:
 
 # /proc
 
-def test_proc_kernel_files_are_read_only_inside(up_as):
+def test_proc_kernel_files_are_read_only_inside(up_as: Up) -> None:
     text = up_as.python(OPEN_KERNEL_FILES)
     outcome = printed_json(text)
     assert outcome["tried"] > 100, text  # it did walk /proc/sys and the rest
     assert outcome["opened"] == 0, text
 
 
-def test_a_kernel_setting_cannot_be_opened_for_writing(up_as):
+def test_a_kernel_setting_cannot_be_opened_for_writing(up_as: Up) -> None:
     assert "refused:" in up_as.python(OPEN_LEASE_BREAK_TIME)
 
 
 # The caller's environment
 
-def test_no_process_inside_a_call_holds_the_callers_environment(up_as):
+def test_no_process_inside_a_call_holds_the_callers_environment(up_as: Up) -> None:
     text = up_as.python(READ_ENVIRONMENTS, SECRET_VARIABLE)
     assert " read: " in text, text  # it read at least its own
     assert up_as.env_secret not in text, text
 
 
-def test_no_process_inside_a_background_command_holds_the_callers_environment(up_as):
+def test_no_process_inside_a_background_command_holds_the_callers_environment(up_as: Up) -> None:
     command_id = up_as.start("python3", "-c", READ_ENVIRONMENTS, SECRET_VARIABLE)
     up_as.wait_ended(command_id)
     text = up_as.read_all(command_id)
@@ -244,13 +244,13 @@ def test_no_process_inside_a_background_command_holds_the_callers_environment(up
 
 # The session keyring
 
-def test_the_callers_session_keyring_is_out_of_reach(up_as):
+def test_the_callers_session_keyring_is_out_of_reach(up_as: Up) -> None:
     text = up_as.python(KEYS, key_numbers(), "search", KEY_DESCRIPTION)
     assert up_as.key_secret not in text, text
     assert "not found:" in text, text
 
 
-def test_a_key_added_by_one_call_is_not_found_by_the_next(up_as):
+def test_a_key_added_by_one_call_is_not_found_by_the_next(up_as: Up) -> None:
     description = f"lnk-call-key-{secrets.token_hex(4)}"
     up_as.python(KEYS, key_numbers(), "add", description)
     text = up_as.python(KEYS, key_numbers(), "search", description)
@@ -259,7 +259,7 @@ def test_a_key_added_by_one_call_is_not_found_by_the_next(up_as):
 
 # /dev
 
-def test_dev_takes_no_new_file_but_its_devices_and_shm_work(up_as):
+def test_dev_takes_no_new_file_but_its_devices_and_shm_work(up_as: Up) -> None:
     outcome = printed_json(up_as.python(USE_DEV))
     assert outcome == {"fill": "refused", "null": 4, "zero": "00" * 8, "urandom": 16, "shm": "kept in shm"}
 
@@ -267,7 +267,7 @@ def test_dev_takes_no_new_file_but_its_devices_and_shm_work(up_as):
 # Nothing of a call outlives it
 
 @x86_64_only
-def test_nothing_of_a_call_outlives_its_answer(up_as):
+def test_nothing_of_a_call_outlives_its_answer(up_as: Up) -> None:
     tag = up_as.tag()
     text = up_as.python(LEAVE_A_PROCESS_BEHIND, tag, "go")
     assert "left a process behind" in text, text
@@ -276,7 +276,7 @@ def test_nothing_of_a_call_outlives_its_answer(up_as):
 
 
 @x86_64_only
-def test_nothing_of_a_running_call_outlives_serve(up_as):
+def test_nothing_of_a_running_call_outlives_serve(up_as: Up) -> None:
     tag = up_as.tag()
     server = up_as.server
     server.send({"jsonrpc": "2.0", "id": "escape", "method": "tools/call", "params": {
@@ -287,12 +287,13 @@ def test_nothing_of_a_running_call_outlives_serve(up_as):
 
 
 @x86_64_only
-def test_nothing_of_a_stopped_background_command_is_left(up_as):
+def test_nothing_of_a_stopped_background_command_is_left(up_as: Up) -> None:
     tag = up_as.tag()
     command_id = up_as.start("python3", "-c", LEAVE_A_PROCESS_BEHIND, tag, "stay")
     wait_for(lambda: processes_with(tag + "-left"), timeout=60, what="the command to leave its process")
+    printed = up_as.read_all(command_id).strip()  # how its ptrace went
     answer = up_as.stop(command_id)
     assert "stopped" in answer, answer
     wait_for(lambda: nothing_left(tag), timeout=GONE_WITHIN,
-             what=f"the command's processes to be gone after stop ({up_as.read_all(command_id).strip()})")
+             what=f"the command's processes to be gone after stop ({printed})")
 

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,16 +145,22 @@ class Up:
         assert not result.get("isError"), text_of(result)
         return result["structuredContent"]["id"]
 
-    def wait_ended(self, command_id: str, timeout: float = 60) -> dict:
-        def ended():
-            record = records.load(str(self.state), command_id)
-            return record and record["state"] not in records.RUNNING_STATES and record
-        return wait_for(ended, timeout=timeout, what=f"background command {command_id} to end")
+    def read(self, command_id: str, offset: int = 0, wait: float = 0) -> tuple[dict, str]:
+        arguments = {"id": command_id, "offset": offset, "wait": wait}
+        result = self.server.call("read", arguments, meta=META, timeout=wait + 60)
+        assert not result.get("isError"), text_of(result)
+        return result["structuredContent"], text_of(result)
+
+    def wait_ended(self, command_id: str, timeout: float = 60) -> None:
+        """Read with wait, from where its output got to, until the command ended."""
+        deadline = time.monotonic() + timeout
+        value, _ = self.read(command_id)
+        while value["state"] in records.RUNNING_STATES:
+            assert time.monotonic() < deadline, f"background command {command_id} did not end"
+            value, _ = self.read(command_id, value["next"], wait=10)
 
     def read_all(self, command_id: str) -> str:
-        result = self.server.call("read", {"id": command_id, "offset": 0}, meta=META, timeout=60)
-        assert not result.get("isError"), text_of(result)
-        return text_of(result)
+        return self.read(command_id)[1]
 
     def stop(self, command_id: str) -> str:
         return text_of(self.server.call("stop", {"id": command_id}, meta=META, timeout=60))

@@ -55,11 +55,14 @@ def serve_argv(files: Path, *extra: str, programs=("sh", "cat", "true", "sleep",
 class RawServer:
     """A server process spoken to line by line, as a client does."""
 
-    def __init__(self, argv: list[str], env: dict | None = None):
+    def __init__(self, argv: list[str], env: dict | None = None, user: int | None = None,
+                 group: int | None = None, cwd: str | None = None):
+        """user/group: run it as that uid and gid, with no other group (the tests run as root)."""
         self.argv = argv
         self.process = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env if env is not None else clean_env(), cwd=str(REPO),
+            env=env if env is not None else clean_env(), cwd=cwd or str(REPO),
+            user=user, group=group, extra_groups=[] if user is not None else None,
         )
         self.lines: queue.Queue = queue.Queue()
         self.raw: list[bytes] = []
@@ -237,3 +240,28 @@ def kill_quietly(pid: int, sig=signal.SIGKILL):
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+# `up` as root and as an ordinary user (tests/up_harness.py).
+
+@pytest.fixture(scope="session")
+def readable_runtime():
+    """The venv an ordinary user runs `up` from (made only when the tests run as root)."""
+    from up_harness import make_readable_runtime
+
+    root = make_readable_runtime()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["root", "user"])
+def up_as(request, tmp_path):
+    """A real `up --no-way-in` run as root, then as an ordinary user, spoken to over MCP (an `Up`)."""
+    from up_harness import run_up, running_as_root
+
+    require_sandbox()
+    who = request.param
+    if who == "root" and not running_as_root():
+        pytest.skip("the root variant needs the tests to run as root")
+    runtime = request.getfixturevalue("readable_runtime") if who == "user" and running_as_root() else None
+    yield from run_up(who, tmp_path, runtime)

@@ -171,8 +171,10 @@ def _refusal(parent_fd: int, name: str, path: str, error: OSError, files_path: s
 def _find_repositories(write_fd: int, rel: str, files_path: str, found: list[tuple[str, str, str]]) -> None:
     """Add to `found` (rel, path below the write folder, kind) for each `.git`
     folder ("git") or file ("pointer") at depth ≤ 3 (`.git`, `a/.git`,
-    `a/b/.git`) and each bare repository at depth ≤ 2 (the write folder
-    itself, `a`, `a/b`)."""
+    `a/b/.git`), and each bare repository ("bare") that the listings show
+    (the write folder itself, `a`) or named `*.git` (`a/b.git`): one more
+    lstat for every folder at depth 2 would double the cost of a
+    `node_modules` there."""
     with os.scandir(write_fd) as entries:
         first = _look(entries, rel, "", files_path, found)
     for a in first:
@@ -216,13 +218,15 @@ def _look(entries: os.ScandirIterator, rel: str, path: str, files_path: str,
 def _look_below(parent_fd: int, name: str, rel: str, path: str, files_path: str,
                 found: list[tuple[str, str, str]]) -> None:
     """The same for a folder at depth 2, with lstat alone: its `.git`, or
-    whether it is a bare repository."""
+    whether a folder named `*.git` is a bare repository."""
     mode = _lstat(parent_fd, f"{name}/.git")
     if mode is not None:
         kind = _git_kind(stat.S_ISLNK(mode), stat.S_ISDIR(mode), stat.S_ISREG(mode), f"{rel}/{path}/.git",
                          files_path)
         if kind:
             _record(found, rel, f"{path}/.git", kind, files_path)
+        return
+    if not name.endswith(".git"):
         return
     head = _lstat(parent_fd, f"{name}/HEAD")
     if head is not None and not stat.S_ISDIR(head) and all(
@@ -336,7 +340,12 @@ def _reads_worktree_config(config_fd: int) -> bool:
     """Whether a config sets extensions.worktreeConfig (a loose look: a false
     yes only adds an empty, read-only config.worktree)."""
     try:
-        with open(f"/proc/self/fd/{config_fd}", "rb") as f:
-            return b"worktreeconfig" in f.read(1 << 20).lower()
+        fd = os.open(f"/proc/self/fd/{config_fd}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        return b"worktreeconfig" in os.read(fd, 1 << 16).lower()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -179,8 +179,8 @@ def test_a_git_file_is_bound_read_only_and_its_folder_pinned(files):
     assert pinned(part, files) == ["work", "work/wt"]
 
 
-def test_bare_repositories_are_guarded_down_to_depth_2(files):
-    for bare in ("backup.git", "a/mirror.git", "a/b/deep.git"):
+def test_bare_repositories_are_guarded_at_depth_1_or_named_git_at_depth_2(files):
+    for bare in ("backup.git", "a/mirror.git", "a/b/deep.git", "c/mirror"):
         make_repository(files / "work" / bare, bare=True)
     part, fds = call_part(files)
     close_all(fds)

@@ -249,9 +249,15 @@ def _git_kind(link: bool, folder: bool, file: bool, path: str, files_path: str) 
 
 
 def _record(found: list[tuple[str, str, str]], rel: str, path: str, kind: str, files_path: str) -> None:
+    if any(_full(r, p) == _full(rel, path) for r, p, _ in found):
+        return  # found before, from a write folder above this one
     found.append((rel, path, kind))
     if len(found) > MAX_REPOSITORIES:
-        raise TooManyRepositories([f"{r}/{p}".rstrip("/") for r, p, _ in found], files_path)
+        raise TooManyRepositories([_full(r, p) for r, p, _ in found], files_path)
+
+
+def _full(rel: str, path: str) -> str:
+    return f"{rel}/{path}" if path else rel
 
 
 # Guarding them.

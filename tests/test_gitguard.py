@@ -93,6 +93,14 @@ def test_64_repositories_are_all_guarded(files):
     assert len([g for g in guarded(part, files) if g.endswith("/hooks")]) == 64
 
 
+def test_a_repository_below_two_write_folders_counts_once(files):
+    for i in range(64):
+        (files / "work" / "a" / str(i) / ".git").mkdir(parents=True)
+    part, fds = call_part(files, ["work", "work/a"])
+    close_all(fds)
+    assert len([g for g in guarded(part, files) if g.endswith("/hooks")]) == 64
+
+
 # Pinned in place.
 
 def test_the_path_to_each_repository_is_pinned_in_place(files):

@@ -285,14 +285,16 @@ def _guard(writable: dict[str, int], rel: str, path: str, kind: str, files_path:
     config = _guard_file(git_fd, "config", f"{git}/config", files_path, read_only, opened)
     if _guard_file(git_fd, "config.worktree", f"{git}/config.worktree", files_path, read_only, opened) is None \
             and config is not None and _reads_worktree_config(config):
-        # The config makes git read config.worktree: an empty one, read-only,
-        # so that no program can write one.
-        try:
-            os.close(os.open("config.worktree", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o644, dir_fd=git_fd))
-        except FileExistsError:
-            pass  # made meanwhile: opened (and checked) below
+        _make_empty(git_fd, "config.worktree")  # or a program could write one
         _guard_file(git_fd, "config.worktree", f"{git}/config.worktree", files_path, read_only, opened)
+
+
+def _make_empty(dir_fd: int, name: str) -> None:
+    try:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=dir_fd))
+    except FileExistsError:
+        pass  # made meanwhile: opened (and checked) by the caller
 
 
 def _pin(writable: dict[str, int], rel: str, folders: list[str], files_path: str, opened: list[int]) -> int:

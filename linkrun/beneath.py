@@ -1,17 +1,20 @@
 """Open a folder below a folder's descriptor, one component at a time,
-following no link. Stdlib only, importing nothing of ours: the gate imports
-it by path (`python -I -S gate.py` loads no package)."""
+following no link. Cheap to import (stdlib and `errors`, which imports
+nothing): serve and every supervisor use it."""
 
 from __future__ import annotations
 
 import errno
 import os
 
+from .errors import Refused
+
 FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class NotBeneath(Exception):
-    """`folder` cannot be entered: `part` is missing, a link, or not a folder."""
+class NotBeneath(Refused):
+    """`folder` cannot be entered: `part` is missing, a link, or not a folder.
+    The message says which; the caller knows what to do, and says it."""
 
     def __init__(self, folder: str, part: str, why: str):
         super().__init__(f"folder {folder!r}: {part!r} {why}")

@@ -66,7 +66,6 @@ _RUN_PROPERTIES = {
 }
 
 
-
 def nullable(kind: str, description: str = "") -> dict:
     """A value of `kind` or null, spelt with anyOf: clients that read `type`
     as one string mishandle `["integer", "null"]`, and the Inspector's

@@ -21,6 +21,7 @@ from . import beneath, records
 from .capture import utf8_head, utf8_tail
 from .config import Serve, format_duration
 from .errors import LinkRunError, Refused
+from .tools import nullable
 
 THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"
@@ -39,8 +40,8 @@ _ENTRY = {
         "args": {"type": "array", "items": {"type": "string"}},
         "folder": {"type": "string"},
         "state": {"type": "string", "enum": ["starting", "running", "exited", "stopped", "timed out", "lost", "failed to start"]},
-        "exit": {"type": ["integer", "null"]},
-        "signal": {"type": ["string", "null"]},
+        "exit": nullable("integer"),
+        "signal": nullable("string"),
         "seconds": {"type": "number"},
         "bytes": {"type": "integer"},
         "started": {"type": "string"},
@@ -72,7 +73,7 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
         "list": {
             "name": "list", "title": "List background commands",
             "description": "Each background command this conversation started, running or ended, newest first.",
-            "inputSchema": {"type": "object", "additionalProperties": False},
+            "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
             "outputSchema": {"type": "object", "properties": {"commands": {"type": "array", "items": _ENTRY}},
                              "required": ["commands"]},
             "annotations": {"title": "List background commands", **read_only},
@@ -91,7 +92,8 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
             "outputSchema": {"type": "object", "properties": {
                 "id": {"type": "string"}, "state": {"type": "string"}, "offset": {"type": "integer"},
                 "next": {"type": "integer"}, "kept_from": {"type": "integer"}, "total": {"type": "integer"},
-            }, "required": ["id", "state", "offset", "next", "kept_from", "total"]},
+                "text": {"type": "string", "description": "The returned bytes (offset to next), decoded."},
+            }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
             "annotations": {"title": "Read a background command's output", **read_only},
         },
         "stop": {
@@ -437,14 +439,16 @@ class Background:
     def read_answer(self, chunk: dict, asked: int | None) -> tuple[dict, str]:
         record = chunk["record"]
         start, data = chunk["offset"], chunk["bytes"]
+        text = data.decode("utf-8", errors="replace")
+        # The text again: structured-first clients give the model this value alone.
         structured = {"id": record["id"], "state": record["state"], "offset": start, "next": start + len(data),
-                      "kept_from": chunk["kept_from"], "total": chunk["total"]}
+                      "kept_from": chunk["kept_from"], "total": chunk["total"], "text": text}
         lines = [f"{record['id']} · {record['state']} · bytes {start}–{start + len(data)} of {chunk['total']}"]
         if asked is not None and asked < chunk["kept_from"]:
             lines.append(f"[… bytes {asked}–{chunk['kept_from']} were dropped: only the last "
                          f"{self.b.output} bytes are kept …]")
         if data:
-            lines.append(data.decode("utf-8", errors="replace"))
+            lines.append(text)
         elif chunk["ended"]:
             lines.append("(no more output: it has ended)")
         else:

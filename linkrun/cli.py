@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from . import __version__
 from .errors import LinkRunError
 
 # subcommand → (module, function, one line of help). Each function takes the
@@ -24,21 +25,61 @@ COMMANDS = {
 }
 
 
+# subcommand → its usage: where its module keeps one, (module, name), read
+# only when asked; else the text.
+USAGES: dict[str, tuple[str, str] | str] = {
+    "serve": ("linkrun.config", "SERVE_USAGE"),
+    "up": ("linkrun.up", "USAGE"),
+    "sandbox": ("linkrun.sandbox", "USAGE"),
+    "doctor": "lnk-link-run doctor [--agent DIR] [--sandbox FILE]",
+    "supervise": ("linkrun.supervise", "USAGE"),
+    "sweep": "lnk-link-run sweep <state> [--way-in ADDR --as ID [--keyring DIR]]",
+    "stop": "lnk-link-run stop --state <dir>",
+    "remove": "lnk-link-run remove --state <dir>",
+    "way-in": ("linkrun.wayin", "LISTEN_HELP"),
+    "proxy": "lnk-link-run proxy --state <dir>",
+}
+HELP = ("-h", "--help")
+VERSION = ("-V", "--version")
+
+
 def usage() -> str:
-    lines = ["usage: lnk-link-run <command> [flags]", ""]
+    lines = ["usage: lnk-link-run <command> [flags]   (lnk-link-run <command> --help for its flags)", ""]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 
+def command_help(name: str) -> str:
+    """One command's usage, and what it does."""
+    text = USAGES[name]
+    if isinstance(text, tuple):
+        text = getattr(importlib.import_module(text[0]), text[1])
+    text = "usage: " + text.strip().removeprefix("usage: ")
+    return text if "\n" in text else f"{text}\n\n{COMMANDS[name][2]}"
+
+
+def flags_of(argv: list[str]) -> list[str]:
+    """The command's own words: what comes before `--` (after it, the program's)."""
+    return argv[:argv.index("--")] if "--" in argv else argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if argv[:1] == ["help"] and len(argv) > 1:
+        argv = [argv[1], "--help"]
+    if not argv or argv[0] in (*HELP, "help"):
         print(usage())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    if any(word in VERSION for word in flags_of(argv)):
+        print(f"lnk-link-run {__version__}")
+        return 0
     if name not in COMMANDS:
         print(f"lnk-link-run: unknown command {name!r}\n{usage()}", file=sys.stderr)
         return 2
+    if any(word in HELP for word in flags_of(rest)):
+        print(command_help(name))
+        return 0
     module_name, function, _ = COMMANDS[name]
     try:
         try:

@@ -66,17 +66,37 @@ _RUN_PROPERTIES = {
     },
 }
 
+
+def nullable(kind: str, description: str = "") -> dict:
+    """A value of `kind` or null, spelt with anyOf: clients that read `type`
+    as one string mishandle `["integer", "null"]`, and the Inspector's
+    --strict warns on it."""
+    schema: dict = {"anyOf": [{"type": kind}, {"type": "null"}]}
+    if description:
+        schema["description"] = description
+    return schema
+
+
+_SHOWN = ("its kept start and end as text, with [… N bytes left out …] where it was cut, "
+          "as the answer's text shows them")
 _COMMAND_OUTPUT = {
     "type": "object",
     "properties": {
-        "exit": {"type": ["integer", "null"], "description": "Exit status, or null when a signal ended it."},
-        "signal": {"type": ["string", "null"], "description": "The signal that ended it, such as SIGKILL, or null."},
+        "exit": nullable("integer", "Exit status, or null when a signal ended it."),
+        "signal": nullable("string", "The signal that ended it, such as SIGKILL, or null."),
         "timed_out": {"type": "boolean"},
         "output_bytes": {"type": "integer", "description": "All the bytes it wrote on its output, kept or not."},
         "errors_bytes": {"type": "integer", "description": "All the bytes it wrote on its errors, kept or not."},
         "seconds": {"type": "number"},
+        "output": {"type": "string", "description": f"What it printed on its output: {_SHOWN}."},
+        "errors": {"type": "string", "description": f"What it printed on its errors: {_SHOWN}."},
     },
-    "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds"],
+    "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors"],
+}
+_IGNORED = {
+    "type": "array",
+    "items": {"type": "string"},
+    "description": "The arguments given that this tool does not know, which it ignored (present only then).",
 }
 
 
@@ -108,6 +128,9 @@ class Tools:
             if not settings.programs:
                 del table["start"]
             self.table.update(table)
+        for tool in self.table.values():
+            schema = tool["outputSchema"]
+            tool["outputSchema"] = {**schema, "properties": {**schema["properties"], "ignored": _IGNORED}}
 
     def first_answered(self):
         """After the session's first answer: what may wait until then."""
@@ -213,7 +236,24 @@ class Tools:
     # -- calling ---------------------------------------------------------
 
     def call(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
-        """Run a tool; None when the call was cancelled (no answer is sent)."""
+        """Run a tool; None when the call was cancelled (no answer is sent).
+
+        An argument the tool does not know is ignored and named in the answer
+        (Gemini CLI adds `wait_for_previous` to every call; a misspelt
+        `timout` must still be seen). A null is an absent argument (LangChain
+        adapters and OpenAI strict schemas send every optional one)."""
+        known = self.table[name]["inputSchema"]["properties"]
+        ignored = sorted(set(arguments) - set(known))
+        given = {key: value for key, value in arguments.items() if key in known and value is not None}
+        result = self._answer(name, given, context)
+        if result is not None and ignored:
+            result.text += (f"\n[ignored {', '.join(ignored)}: not arguments of this tool, whose arguments are "
+                            f"{', '.join(sorted(known)) or 'none'}]")
+            if result.structured is not None:
+                result.structured["ignored"] = ignored
+        return result
+
+    def _answer(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
         try:
             if name == "command":
                 return self._command(arguments, context)
@@ -226,7 +266,7 @@ class Tools:
     def _background(self, name: str, arguments: dict, context: CallContext) -> ToolResult:
         background = self.background
         if name == "start":
-            request = self.check_run(arguments, set(_RUN_PROPERTIES))
+            request = self.check_run(arguments)
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
             self.launch(request, watch_init=False).close()  # a planted link is refused now, not in the gate
             answer = background.start(request, self.argv_tail(request), arguments, context.meta)
@@ -235,7 +275,6 @@ class Tools:
             text = (f"Started {answer['id']}: {arguments['program']} {' '.join(request.args)}".rstrip()
                     + f"\nIts output goes to {answer['output']}; " + how.format(id=answer["id"]) + ".")
             return ToolResult(text, answer)
-        _check_keys(arguments, {"list": set(), "read": {"id", "offset", "wait"}, "stop": {"id"}}[name])
         if name == "list":
             answer = background.list(context.meta)
             return ToolResult(_list_text(answer["commands"]), answer)
@@ -254,9 +293,8 @@ class Tools:
             self._files_fd = os.open(self.settings.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return self._files_fd
 
-    def check_run(self, arguments: dict, allowed: set[str]) -> runner.Request:
+    def check_run(self, arguments: dict) -> runner.Request:
         """The checks `command` and `start` share: arguments → a resolved Request."""
-        _check_keys(arguments, allowed)
         program = arguments.get("program")
         if not isinstance(program, str):
             raise Refused("program must be a string", "give a bare name such as python3, or an absolute path")
@@ -299,7 +337,7 @@ class Tools:
             raise Refused(str(problem)) from None
 
     def _command(self, arguments: dict, context: CallContext) -> ToolResult | None:
-        request = self.check_run(arguments, set(_RUN_PROPERTIES) | {"timeout"})
+        request = self.check_run(arguments)
         folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
         report = None
         if context.progress is not None:
@@ -341,13 +379,6 @@ def _refused_write(outcome: runner.Outcome) -> bool:
     # strerror. Only the kept bytes are looked at: cheap, and enough for a hint.
     needle = b"Read-only file system"
     return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
-
-
-def _check_keys(arguments: dict, allowed: set[str]):
-    unknown = sorted(set(arguments) - allowed)
-    if unknown:
-        known = ", ".join(sorted(allowed)) or "none"
-        raise Refused(f"unknown argument {unknown[0]!r}", f"the arguments are: {known}")
 
 
 def _list_text(entries: list[dict]) -> str:
@@ -394,13 +425,18 @@ def _ending(outcome: runner.Outcome, timeout: float, can_start: bool) -> str:
 def _stream_text(label: str, capture: Capture) -> list[str]:
     if capture.total == 0:
         return [f"{label}: none"]
+    return [f"{label} ({capture.total} bytes):", _shown(capture)]
+
+
+def _shown(capture: Capture) -> str:
+    """A stream's kept start and end as the text shows them, and the structured value too."""
     head, tail = capture.texts()
-    lines = [f"{label} ({capture.total} bytes):", head]
+    parts = [head]
     if capture.left_out:
-        lines += [f"[… {capture.left_out} bytes left out …]", tail]
+        parts += [f"[… {capture.left_out} bytes left out …]", tail]
     # One final newline is the stream's own ending, not a line of its own.
-    lines[-1] = lines[-1].removesuffix("\n")
-    return lines
+    parts[-1] = parts[-1].removesuffix("\n")
+    return "\n".join(parts)
 
 
 def _command_structured(outcome: runner.Outcome) -> dict:
@@ -411,4 +447,6 @@ def _command_structured(outcome: runner.Outcome) -> dict:
         "output_bytes": outcome.output.total,
         "errors_bytes": outcome.errors.total,
         "seconds": outcome.seconds,
+        "output": _shown(outcome.output),
+        "errors": _shown(outcome.errors),
     }

@@ -33,7 +33,7 @@ LEGACY_VERSIONS = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
 VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
-RUN_FIELDS = {"exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds"}
+RUN_FIELDS = {"exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors"}
 # The first line of a command's text: how it ended, and how long it took.
 ENDING = re.compile(r"^exit (\d+) · \d+\.\d\d s")
 # Error codes the 2026-07-28 spec defines inside its reserved -32020…-32099 band.
@@ -969,7 +969,6 @@ BAD_ARGUMENTS = [
     {"program": "echo", "timeout": 121},
     {"program": "echo", "timeout": True},
     {"program": "echo", "timeout": "10"},
-    {"program": "echo", "colour": "red"},
     {"program": "rm"},
     {"program": "../bin/echo"},
     {"program": "bin/echo"},
@@ -990,6 +989,16 @@ def test_C6_input_that_fails_the_schema_or_the_rules_is_a_tool_error_not_a_proto
         assert text_of(result).strip()
 
     every(BAD_ARGUMENTS, check)
+
+
+def test_C6_unknown_arguments_are_ignored_and_named_and_null_is_absent(legacy):
+    arguments = {"program": "echo", "args": ["c6"], "colour": "red", "wait_for_previous": True,
+                 "input": None, "folder": None, "timeout": None}
+    result = legacy.call("command", arguments)
+    assert "isError" not in result
+    assert result["structuredContent"]["ignored"] == ["colour", "wait_for_previous"]
+    assert result["structuredContent"]["output"] == "c6"
+    assert text_of(result).splitlines()[-1].startswith("[ignored colour, wait_for_previous: ")
 
 
 def test_C6_a_folder_with_a_link_on_its_path_is_refused(legacy, files, tmp_path):

@@ -45,7 +45,7 @@ def negotiated(mode: str) -> str:
 
 @asynccontextmanager
 async def connected(files: Path, mode: str):
-    argv = serve_argv(files, programs=("sh", "echo"))
+    argv = serve_argv(files, programs=("sh", "echo", "python3"))
     # No env: the SDK passes HOME, PATH and a few more, nothing of ours.
     params = StdioServerParameters(command=argv[0], args=argv[1:])
     async with Client(params, mode=mode, client_info=Implementation(name="linkrun-test-py", version="0")) as client:
@@ -96,9 +96,37 @@ def test_a_call_with_meta_gets_text_and_structured_content_the_client_validated(
             structured = result.structured_content
             jsonschema.validate(structured, schema)
             assert structured | {"seconds": 0} == {
-                "exit": 0, "signal": None, "timed_out": False, "output_bytes": 9, "errors_bytes": 0, "seconds": 0}
+                "exit": 0, "signal": None, "timed_out": False, "output_bytes": 9, "errors_bytes": 0, "seconds": 0,
+                "output": "hi there", "errors": ""}
 
     anyio.run(main)
+
+
+def test_the_structured_value_holds_what_the_program_printed(files, mode):
+    # Structured-first clients (Claude Code, Codex, pydantic-ai) give the model this value alone.
+    async def main():
+        async with connected(files, mode) as client:
+            await client.list_tools()
+            return await client.call_tool("command", {"program": "python3", "args": ["-c", "print(2**100)"]})
+
+    result = anyio.run(main)
+    assert result.is_error is False
+    assert result.structured_content["output"] == str(2**100)
+    assert result.content[0].text.count(str(2**100)) == 1
+
+
+def test_gemini_and_langchain_arguments_are_taken(files, mode):
+    # Gemini CLI adds wait_for_previous; LangChain adapters send null for each optional argument.
+    async def main():
+        async with connected(files, mode) as client:
+            await client.list_tools()
+            return await client.call_tool("command", {"program": "echo", "args": ["taken"], "input": None,
+                                                      "folder": None, "timeout": None, "wait_for_previous": True})
+
+    result = anyio.run(main)
+    assert result.is_error is False, result.content[0].text
+    assert result.structured_content["output"] == "taken"
+    assert result.structured_content["ignored"] == ["wait_for_previous"]
 
 
 def test_a_refused_program_and_bad_arguments_are_error_results(files, mode):

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from . import agent as agent_folder
-from . import percall, sandbox
+from . import sandbox
 from .config import split_flags
 from .errors import LinkRunError
 from .launch import Sandbox, prepare
@@ -115,11 +115,8 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
     script = ("pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi; "
               "grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo proc-sys-read-only; "
               "echo environ $(wc -c < /proc/1/environ); grep '^Seccomp:' /proc/self/status")
-    try:
-        launch = prepare(Sandbox(tuple(fixed), folder.files, tuple(write), seccomp=seccomp), [sh, "-c", script],
-                         watch_init=False)
-    except percall.LinkOnPath as error:
-        raise LinkRunError(str(error)) from None
+    launch = prepare(Sandbox(tuple(fixed), folder.files, tuple(write), seccomp=seccomp), [sh, "-c", script],
+                     watch_init=False)
     with launch:
         try:
             process = subprocess.Popen(launch.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

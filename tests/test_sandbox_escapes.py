@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 
+import orjson
 import pytest
-from conftest import wait_for
-from up_harness import KEY_DESCRIPTION, SECRET_VARIABLE, Up, key_syscalls, processes_with
+from conftest import text_of, wait_for
+from up_harness import KEY_DESCRIPTION, META, SECRET_VARIABLE, Up, key_syscalls, processes_with
 
 # A few seconds for the sandbox to be gone once the call answered: its end is
 # an event (a kill), not a wait.
@@ -297,3 +299,20 @@ def test_nothing_of_a_stopped_background_command_is_left(up_as: Up) -> None:
     wait_for(lambda: nothing_left(tag), timeout=GONE_WITHIN,
              what=f"the command's processes to be gone after stop ({printed})")
 
+
+
+@x86_64_only
+def test_a_sweep_ends_the_sandbox_of_a_killed_supervisor(up_as: Up) -> None:
+    tag = up_as.tag()
+    command_id = up_as.start("python3", "-c", LEAVE_A_PROCESS_BEHIND, tag, "stay")
+    wait_for(lambda: processes_with(tag + "-left"), timeout=60, what="the command to leave its process")
+    record_file = up_as.state / f"{command_id}.json"
+    wait_for(lambda: orjson.loads(record_file.read_bytes())["init_pid"], what="the record to name the sandbox's init")
+    record = orjson.loads(record_file.read_bytes())
+    with open(f"/proc/{record['leader_pid']}/stat") as f:
+        supervisor = int(f.read().rsplit(")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGKILL)
+    # The gate (the outer bwrap) dies with its supervisor; the init it cut loose does not.
+    wait_for(lambda: "lost" in text_of(up_as.server.call("list", {}, meta=META)), timeout=30,
+             what="list to sweep the command lost")
+    wait_for(lambda: nothing_left(tag), timeout=GONE_WITHIN, what="the sweep to end the command's sandbox")

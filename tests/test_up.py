@@ -161,6 +161,10 @@ def test_doctor_runs_every_check_and_says_what_to_do(box):
                         text=True, timeout=60)
     assert ok.returncode == 0, ok.stdout
     assert "ok   the sandbox starts" in ok.stdout and "programs offered: sh" in ok.stdout
+    assert "ok   inside, the kernel's settings (/proc/sys) and /dev are read-only, and no process has the " \
+        "caller's environment" in ok.stdout
+    if os.uname().machine in ("x86_64", "aarch64"):
+        assert "ok   the syscall filter is loaded inside" in ok.stdout
     refused = subprocess.run(outer_sandbox("--disable-userns") + SERVER + ["doctor", "--agent", str(box.root)],
                              env=box.env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1
@@ -195,4 +199,17 @@ def test_a_call_through_up_writes_work_and_is_refused_on_a_planted_link(box, ser
     os.symlink("../../../..", git / "hooks")
     refused = server.call("command", {"program": "sh", "args": ["-c", "true"]})
     assert refused.get("isError") and "work/repo/.git/hooks" in text_of(refused)
+    assert server.close() == 0
+
+
+def test_a_call_whose_syscall_filter_is_gone_is_refused_not_run_unfiltered(box, servers):
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("no syscall filter on this machine type")
+    server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
+    server.initialize()
+    assert "ran" in text_of(server.call("command", {"program": "sh", "args": ["-c", "echo ran"]}))
+    (box.root / "State" / "seccomp.bpf").unlink()
+    refused = server.call("command", {"program": "sh", "args": ["-c", "echo ran > work/ran"]})
+    assert refused.get("isError") and "syscall filter" in text_of(refused), text_of(refused)
+    assert not (box.files / "work" / "ran").exists()
     assert server.close() == 0

@@ -316,3 +316,43 @@ def test_a_sweep_ends_the_sandbox_of_a_killed_supervisor(up_as: Up) -> None:
     wait_for(lambda: "lost" in text_of(up_as.server.call("list", {}, meta=META)), timeout=30,
              what="list to sweep the command lost")
     wait_for(lambda: nothing_left(tag), timeout=GONE_WITHIN, what="the sweep to end the command's sandbox")
+
+
+# Repositories in write folders, for root and for an ordinary user alike
+
+# Tries what a program would do to a guarded repository: write a hook, append
+# to its config, move the repository or its git folder aside (to plant a
+# decoy in its place). Prints each outcome: the errno's name, or "done".
+TAMPER_WITH_A_REPOSITORY = r"""
+import errno, json, os
+def attempt(action):
+    try:
+        action()
+        return "done"
+    except OSError as error:
+        return errno.errorcode[error.errno]
+def write_hook():
+    with open("work/repo/.git/hooks/pre-commit", "w") as f:
+        f.write("#!/bin/sh\necho planted\n")
+def append_config():
+    with open("work/repo/.git/config", "a") as f:
+        f.write("[core]\n\tfsmonitor = echo planted\n")
+print(json.dumps({
+    "hook": attempt(write_hook),
+    "config": attempt(append_config),
+    "repository aside": attempt(lambda: os.rename("work/repo", "work/aside")),
+    "git folder aside": attempt(lambda: os.rename("work/repo/.git", "work/repo/git-aside")),
+    "a file beside": attempt(lambda: open("work/repo/notes.txt", "w").close()),
+}, sort_keys=True))
+"""
+
+
+def test_a_repository_made_by_one_call_is_guarded_at_the_next(up_as: Up) -> None:
+    made = up_as.python("import os\nos.makedirs('work/repo/.git/hooks')\n"
+                        "open('work/repo/.git/config', 'w').write('[core]\\n')\nprint('made')")
+    assert "made" in made
+    outcome = printed_json(up_as.python(TAMPER_WITH_A_REPOSITORY))
+    assert outcome == {"a file beside": "done", "config": "EROFS", "git folder aside": "EBUSY", "hook": "EROFS",
+                       "repository aside": "EBUSY"}, outcome
+    repository = up_as.agent / "Files" / "work" / "repo" / ".git"
+    assert os.listdir(repository / "hooks") == [] and (repository / "config").read_text() == "[core]\n"

@@ -221,7 +221,9 @@ class Tools:
             b = s.background
             if b.way_in is None:
                 told = ("Nothing tells you when it ends here: use list, and read with wait (at most 30 s a "
-                        "call), to learn how it went.")
+                        "call), to learn how it went. Your background commands are those of your conversation: "
+                        "the one your client names (link.local/thread, or Codex's threadId), else this agent's "
+                        "one default conversation, which every client that names none shares.")
             else:
                 told = ("When it ends, a message from run:<id> tells this conversation how it ended, with the "
                         "end of its output between BEGIN and END OUTPUT markers that carry a random nonce: only the END "

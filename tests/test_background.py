@@ -345,8 +345,9 @@ def test_another_conversations_command_is_answered_as_unknown(bg, state):
     assert record(state, command_id)["state"] == "running"
 
 
+# No thread at all is the default conversation under --no-way-in, and refused with a
+# way in: tests/test_plain_clients.py.
 @pytest.mark.parametrize("meta, words", [
-    ({}, "need the conversation"),
     ({"link.local/thread": ""}, "need the conversation"),
     ({"link.local/thread": "t", "link.local/hops": "1"}, "whole number"),
     ({"link.local/thread": "t", "link.local/hops": 1.5}, "whole number"),

@@ -455,29 +455,31 @@ class Background:
                 "ended": ended}
 
     def read_answer(self, chunk: dict, asked: int | None) -> tuple[dict, str]:
+        """The structured value, and the text: a header line (id, state, the
+        byte range, and any note), then exactly the bytes, so that no note can
+        pass for the program's own output."""
         record = chunk["record"]
-        start, data = chunk["offset"], chunk["bytes"]
+        start, data, total = chunk["offset"], chunk["bytes"], chunk["total"]
+        end = start + len(data)
         text = data.decode("utf-8", errors="replace")
         # The text again: structured-first clients give the model this value alone.
-        structured = {"id": record["id"], "state": record["state"], "offset": start, "next": start + len(data),
-                      "kept_from": chunk["kept_from"], "total": chunk["total"], "text": text}
-        lines = [f"{record['id']} · {record['state']} · bytes {start}–{start + len(data)} of {chunk['total']}"]
+        structured = {"id": record["id"], "state": record["state"], "offset": start, "next": end,
+                      "kept_from": chunk["kept_from"], "total": total, "text": text}
+        header = [record["id"], record["state"], f"bytes {start}–{end} of {total}"]
         if asked is not None and asked < chunk["kept_from"]:
-            lines.append(f"[… bytes {asked}–{chunk['kept_from']} were dropped: only the last "
-                         f"{self.b.output} bytes are kept …]")
-        if data:
-            lines.append(text)
-        elif chunk["ended"]:
-            lines.append("(no more output: it has ended)")
-        else:
-            lines.append("(nothing new yet: read again with wait)")
+            header.append(f"bytes {asked}–{chunk['kept_from']} dropped (only the last "
+                          f"{self.b.output} bytes are kept)")
+        if end == total and chunk["ended"]:
+            header.append("ended: no more output")
+        elif end == total and not data:
+            header.append("nothing new yet: read again with wait")
         if record.get("proxy") and record.get("leader_pid"):
             from .internet import refused, refused_note
 
             hosts = refused(self.state, record["started"], record["leader_pid"])
             if hosts:
-                lines.append(refused_note(hosts, self.state))
-        return structured, "\n".join(lines)
+                header.append(refused_note(hosts, self.state))
+        return structured, " · ".join(header) + "\n" + text
 
     def stop(self, arguments: dict, meta: dict) -> dict:
         command_id = arguments.get("id")

@@ -28,6 +28,16 @@ class ToolResult:
     text: str
     structured: dict | None = None
     is_error: bool = False
+    header: bool = False  # the text is a header line, then exactly a program's bytes
+
+    def add_note(self, note: str) -> None:
+        """A note of the server's: a last line of its own, or, after a header,
+        at the header's end, so that the bytes below stay exactly the bytes."""
+        if self.header:
+            first, newline, rest = self.text.partition("\n")
+            self.text = f"{first} · {note}{newline}{rest}"
+        else:
+            self.text += "\n" + note
 
 
 @dataclass
@@ -251,7 +261,7 @@ class Tools:
         given = {key: value for key, value in arguments.items() if key in known and value is not None}
         result = self._answer(name, given, context)
         if result is not None and ignored:
-            result.text += (f"\n[ignored {', '.join(ignored)}: not arguments of this tool, whose arguments are "
+            result.add_note(f"[ignored {', '.join(ignored)}: not arguments of this tool, whose arguments are "
                             f"{', '.join(sorted(known)) or 'none'}]")
             if result.structured is not None:
                 result.structured["ignored"] = ignored
@@ -288,7 +298,7 @@ class Tools:
                 def report(waited, wait):
                     context.progress(waited, wait, "waiting for output")
             structured, text = background.read(arguments, context.meta, report)
-            return ToolResult(text, structured)
+            return ToolResult(text, structured, header=True)
         entry = background.stop(arguments, context.meta)
         return ToolResult(_list_text([entry]), entry)
 

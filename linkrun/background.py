@@ -25,6 +25,8 @@ from .tools import nullable
 
 THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"
+CLIENT_THREAD_KEY = "threadId"  # Codex's own thread, in every tools/call's _meta
+DEFAULT_THREAD = "default"  # the conversation of a plain client that names none
 START_LOCK_WAIT = 5.0
 DAY = 86400
 MAX_WAIT = 30
@@ -107,8 +109,16 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
     }
 
 
-def conversation(meta: dict, need_hops: bool = False) -> tuple[str, int]:
+def conversation(meta: dict, way_in: bool) -> tuple[str, int]:
+    """The call's conversation and its hops.
+
+    With a way in, the seeds' rule: no `link.local/thread`, no background
+    call. Without one (a plain MCP client, which cannot send it), a call that
+    names none belongs to the client's own thread where the client names one
+    (Codex sends `threadId`), else to the agent's one default conversation."""
     thread = meta.get(THREAD_KEY)
+    if thread is None and not way_in:
+        thread = _client_thread(meta) or DEFAULT_THREAD
     if not isinstance(thread, str) or not thread:
         raise Refused("background commands need the conversation",
                       f'the call\'s _meta must carry "{THREAD_KEY}" (a non-empty string); a harness that takes '
@@ -117,6 +127,11 @@ def conversation(meta: dict, need_hops: bool = False) -> tuple[str, int]:
     if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
         raise Refused(f'_meta "{HOPS_KEY}" must be a whole number of 0 or more', "leave it out for 0")
     return thread, hops
+
+
+def _client_thread(meta: dict) -> str | None:
+    thread = meta.get(CLIENT_THREAD_KEY)
+    return thread if isinstance(thread, str) and thread else None
 
 
 class Background:
@@ -130,10 +145,13 @@ class Background:
         self.watcher = Watcher(self)
         self.supervisor_argv = None  # found at the first start
 
+    def conversation(self, meta: dict) -> tuple[str, int]:
+        return conversation(meta, self.b.way_in is not None)
+
     # -- start ----------------------------------------------------------------
 
     def start(self, request, argv_tail: list[str], arguments: dict, meta: dict) -> dict:
-        thread, hops = conversation(meta)
+        thread, hops = self.conversation(meta)
         if hops >= self.b.hops:
             raise Refused(f"this call is {hops} hops from a person, and start is allowed below {self.b.hops}",
                           "a command started by a told message may not start more: run it with command instead")
@@ -320,7 +338,7 @@ class Background:
     # -- list, read, stop -------------------------------------------------------
 
     def own_record(self, command_id, meta: dict) -> dict:
-        thread, _ = conversation(meta)
+        thread, _ = self.conversation(meta)
         if not isinstance(command_id, str) or not records.ID.match(command_id):
             raise Refused(UNKNOWN.format(id=command_id))  # never touches the disk
         record = records.load(self.state, command_id)
@@ -329,7 +347,7 @@ class Background:
         return record
 
     def list(self, meta: dict) -> dict:
-        thread, _ = conversation(meta)
+        thread, _ = self.conversation(meta)
         own = []
         for command_id in records.ids(self.state):
             record = records.load(self.state, command_id)
@@ -437,29 +455,31 @@ class Background:
                 "ended": ended}
 
     def read_answer(self, chunk: dict, asked: int | None) -> tuple[dict, str]:
+        """The structured value, and the text: a header line (id, state, the
+        byte range, and any note), then exactly the bytes, so that no note can
+        pass for the program's own output."""
         record = chunk["record"]
-        start, data = chunk["offset"], chunk["bytes"]
+        start, data, total = chunk["offset"], chunk["bytes"], chunk["total"]
+        end = start + len(data)
         text = data.decode("utf-8", errors="replace")
         # The text again: structured-first clients give the model this value alone.
-        structured = {"id": record["id"], "state": record["state"], "offset": start, "next": start + len(data),
-                      "kept_from": chunk["kept_from"], "total": chunk["total"], "text": text}
-        lines = [f"{record['id']} · {record['state']} · bytes {start}–{start + len(data)} of {chunk['total']}"]
+        structured = {"id": record["id"], "state": record["state"], "offset": start, "next": end,
+                      "kept_from": chunk["kept_from"], "total": total, "text": text}
+        header = [record["id"], record["state"], f"bytes {start}–{end} of {total}"]
         if asked is not None and asked < chunk["kept_from"]:
-            lines.append(f"[… bytes {asked}–{chunk['kept_from']} were dropped: only the last "
-                         f"{self.b.output} bytes are kept …]")
-        if data:
-            lines.append(text)
-        elif chunk["ended"]:
-            lines.append("(no more output: it has ended)")
-        else:
-            lines.append("(nothing new yet: read again with wait)")
+            header.append(f"bytes {asked}–{chunk['kept_from']} dropped (only the last "
+                          f"{self.b.output} bytes are kept)")
+        if end == total and chunk["ended"]:
+            header.append("ended: no more output")
+        elif end == total and not data:
+            header.append("nothing new yet: read again with wait")
         if record.get("proxy") and record.get("leader_pid"):
             from .internet import refused, refused_note
 
             hosts = refused(self.state, record["started"], record["leader_pid"])
             if hosts:
-                lines.append(refused_note(hosts, self.state))
-        return structured, "\n".join(lines)
+                header.append(refused_note(hosts, self.state))
+        return structured, " · ".join(header) + "\n" + text
 
     def stop(self, arguments: dict, meta: dict) -> dict:
         command_id = arguments.get("id")

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 
 import orjson
 
@@ -34,6 +35,9 @@ SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 SERVER_INFO = {"name": "lnk-link-run", "version": __version__}
 # In-flight calls get this long to answer after stdin closes (clients wait 2 s).
 EOF_GRACE = 1.5
+# Answered ids remembered for their late cancel (opencode sends one about 50 ms
+# after every answer): the most kept, so a client that never cancels costs little.
+ANSWERED_KEPT = 1024
 KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
 
 
@@ -63,6 +67,7 @@ class Session:
         self.channel = channel
         self.legacy_version: str | None = None  # set by initialize
         self.calls: dict[tuple, Call] = {}
+        self.answered: OrderedDict[tuple, None] = OrderedDict()  # each may draw one late cancel
         self.calls_lock = threading.Lock()
         self.threads: set[threading.Thread] = set()
         self.instructions = tools.instructions()
@@ -173,15 +178,22 @@ class Session:
         if method == "notifications/cancelled":
             request_id = params.get("requestId")
             if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
-                with self.calls_lock:
-                    call = self.calls.get(_key(request_id))
+                call = self._cancelled(_key(request_id))
                 if call is not None:
                     with call.lock:
                         call.done = True  # no answer, no more progress
                     call.cancel.cancel()
-                    with self.calls_lock:
-                        self.calls.pop(_key(request_id), None)
         # Every other notification (initialized, roots changed, unknown ones) needs nothing.
+
+    def _cancelled(self, key: tuple) -> Call | None:
+        """The call a cancel is for, taken out of those in flight; None for a
+        late cancel. A cancel naming an id already answered is that answer's
+        late one, even when a later call reuses the id: it touches nothing."""
+        with self.calls_lock:
+            if key in self.answered:
+                del self.answered[key]
+                return None
+            return self.calls.pop(key, None)
 
     def _request(self, request_id, method: str, params: dict, inline: bool) -> dict | None:
         meta = params.get("_meta")
@@ -289,6 +301,7 @@ class Session:
             self.calls[key] = call
 
         def work():
+            answered = False
             try:
                 context = CallContext(meta, call.cancel, self._progress_sender(call, version) if token is not None else None)
                 try:
@@ -301,11 +314,16 @@ class Session:
                     if call.done or outcome is None:
                         return None  # cancelled: no answer
                     call.done = True
+                answered = True
                 return result(request_id, self._complete(_tool_result(outcome, version), modern))
             finally:
                 with self.calls_lock:
                     if self.calls.get(key) is call:
                         del self.calls[key]
+                    if answered:  # before the answer goes out, so its late cancel finds it
+                        self.answered[key] = None
+                        if len(self.answered) > ANSWERED_KEPT:
+                            self.answered.popitem(last=False)
 
         if inline:
             return work()

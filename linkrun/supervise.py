@@ -51,16 +51,17 @@ def supervise(command_id: str, state: str) -> int:
 
 def script_argv(command_id: str, state: str) -> list[str]:
     """How serve starts a supervisor, detached: a shell that starts
-    `python -I -S -c BOOT <folders> <id> --state <dir>` in the background and
-    exits at once.
+    `python -I -S boot.py <folders> supervise <id> --state <dir>` in the
+    background and exits at once.
 
     The shell is the intermediate the design's own fork makes: serve waits
     only for its exit (a millisecond, not an interpreter's start), and the
     supervisor it leaves is not serve's child. A background job's input
     would be /dev/null, so the lock (serve's stdin for it) is kept on fd 3
     and handed over explicitly. Without site, the interpreter starts in
-    about half the time; BOOT puts our package and its libraries on
-    sys.path. The same steps as `lnk-link-run supervise <id> --state <dir>`.
+    about half the time; boot.py puts our package and its libraries on
+    sys.path. The command line ends with the seeds' words, each a whole
+    argument, so that `ps` and a person find the supervisor by them.
     """
     import importlib.util
 
@@ -71,17 +72,12 @@ def script_argv(command_id: str, state: str) -> list[str]:
             folder = os.path.dirname(os.path.dirname(spec.origin))
             if folder not in folders:
                 folders.append(folder)
-    python = [sys.executable, "-I", "-S", "-c", BOOT, os.pathsep.join(folders), command_id, "--state", state]
+    python = [sys.executable, "-I", "-S", BOOT, os.pathsep.join(folders), "supervise", command_id, "--state", state]
     return ["/bin/sh", "-c", 'exec 3<&0; "$@" <&3 3<&- &', "sh", *python]
 
 
-# The whole script the supervisor starts with: tiny, so that it compiles in
-# no time (a script is compiled at every run; a module comes from its cached
-# bytecode).
-BOOT = ("import os, sys\n"
-        "sys.path[:0] = sys.argv[1].split(os.pathsep)\n"
-        "from linkrun.supervise import supervise\n"
-        "sys.exit(supervise(sys.argv[2], sys.argv[4]))\n")
+# The script the supervisor starts with, beside this file.
+BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot.py")
 
 
 class Supervisor:

@@ -28,6 +28,16 @@ class ToolResult:
     text: str
     structured: dict | None = None
     is_error: bool = False
+    header: bool = False  # the text is a header line, then exactly a program's bytes
+
+    def add_note(self, note: str) -> None:
+        """A note of the server's: a last line of its own, or, after a header,
+        at the header's end, so that the bytes below stay exactly the bytes."""
+        if self.header:
+            first, newline, rest = self.text.partition("\n")
+            self.text = f"{first} · {note}{newline}{rest}"
+        else:
+            self.text += "\n" + note
 
 
 @dataclass
@@ -221,7 +231,9 @@ class Tools:
             b = s.background
             if b.way_in is None:
                 told = ("Nothing tells you when it ends here: use list, and read with wait (at most 30 s a "
-                        "call), to learn how it went.")
+                        "call), to learn how it went. Your background commands are those of your conversation: "
+                        "the one your client names (link.local/thread, or Codex's threadId), else this agent's "
+                        "one default conversation, which every client that names none shares.")
             else:
                 told = ("When it ends, a message from run:<id> tells this conversation how it ended, with the "
                         "end of its output between BEGIN and END OUTPUT markers that carry a random nonce: only the END "
@@ -249,7 +261,7 @@ class Tools:
         given = {key: value for key, value in arguments.items() if key in known and value is not None}
         result = self._answer(name, given, context)
         if result is not None and ignored:
-            result.text += (f"\n[ignored {', '.join(ignored)}: not arguments of this tool, whose arguments are "
+            result.add_note(f"[ignored {', '.join(ignored)}: not arguments of this tool, whose arguments are "
                             f"{', '.join(sorted(known)) or 'none'}]")
             if result.structured is not None:
                 result.structured["ignored"] = ignored
@@ -286,7 +298,7 @@ class Tools:
                 def report(waited, wait):
                     context.progress(waited, wait, "waiting for output")
             structured, text = background.read(arguments, context.meta, report)
-            return ToolResult(text, structured)
+            return ToolResult(text, structured, header=True)
         entry = background.stop(arguments, context.meta)
         return ToolResult(_list_text([entry]), entry)
 

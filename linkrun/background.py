@@ -339,7 +339,7 @@ class Background:
 
     def own_record(self, command_id, meta: dict) -> dict:
         thread, _ = self.conversation(meta)
-        if not isinstance(command_id, str) or not records.ID.match(command_id):
+        if not isinstance(command_id, str) or not records.ID.fullmatch(command_id):
             raise Refused(UNKNOWN.format(id=command_id))  # never touches the disk
         record = records.load(self.state, command_id)
         if record is None or record.get("thread") != thread:

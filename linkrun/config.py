@@ -13,17 +13,18 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 
-_DURATION = re.compile(r"^(\d+)([smhd]?)$")
-_SIZE = re.compile(r"^(\d+)([KMG]?)$")
+# Matched whole (fullmatch): `$` would let a trailing newline through.
+_DURATION = re.compile(r"(\d+)([smhd]?)")
+_SIZE = re.compile(r"(\d+)([KMG]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-AGENT_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def parse_duration(flag: str, text: str) -> int:
     """`90`, `90s`, `2m`, `1h`, `1d` → seconds (above 0)."""
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if not match or int(match.group(1)) == 0:
         raise UsageError(f"{flag} {text!r} is not a duration", "write it as 90, 90s, 2m, 1h or 1d")
     return int(match.group(1)) * _UNITS[match.group(2)]
@@ -31,7 +32,7 @@ def parse_duration(flag: str, text: str) -> int:
 
 def parse_size(flag: str, text: str) -> int:
     """`16384`, `16K`, `16M` (K = 1024) → bytes (above 0)."""
-    match = _SIZE.match(text)
+    match = _SIZE.fullmatch(text)
     if not match or int(match.group(1)) == 0:
         raise UsageError(f"{flag} {text!r} is not a size", "write it as 16384, 16K or 16M (K = 1024)")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
@@ -197,7 +198,7 @@ def parse_serve(argv: list[str]) -> Serve:
     variables = []
     for item in flags.get("--var", []):  # type: ignore[union-attr]
         name, eq, value = item.partition("=")
-        if not eq or not VAR_NAME.match(name) or "\0" in value:
+        if not eq or not VAR_NAME.fullmatch(name) or "\0" in value:
             raise UsageError(f"--var {item!r} is not NAME=VALUE", "NAME is letters, digits and _")
         variables.append((name, value))
 
@@ -255,7 +256,7 @@ def _parse_background(flags: dict) -> Background | None:
         if "--as" not in flags:
             raise UsageError("--way-in needs --as <agent id>")
         agent = str(flags["--as"])
-        if not AGENT_ID.match(agent):
+        if not AGENT_ID.fullmatch(agent):
             raise UsageError(f"--as {agent!r} is not an agent id", "use letters, digits, '.', '_' and '-'")
         keyring = str(flags.get("--keyring") or os.environ.get("LINK_KEYRING") or os.path.expanduser("~/.link/keyring"))
         keyring = os.path.abspath(keyring)

@@ -22,7 +22,7 @@ import orjson
 from .errors import LinkRunError, UsageError
 
 VERSION = 1
-ID = re.compile(r"^[a-z2-7]{16}$")
+ID = re.compile(r"[a-z2-7]{16}")  # matched whole (fullmatch)
 RUNNING_STATES = ("starting", "running")
 ENDED_STATES = ("exited", "stopped", "timed out", "lost", "failed to start")
 
@@ -122,7 +122,7 @@ def ids(state: str) -> list[str]:
         names = os.listdir(state)
     except FileNotFoundError:
         return []
-    return [name[:-5] for name in names if name.endswith(".json") and ID.match(name[:-5])]
+    return [name[:-5] for name in names if name.endswith(".json") and ID.fullmatch(name[:-5])]
 
 
 def create_lock(state: str, command_id: str) -> int:

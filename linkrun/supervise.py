@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
 
 
 def supervise(command_id: str, state: str) -> int:
-    if not records.ID.match(command_id):
+    if not records.ID.fullmatch(command_id):
         print(f"supervise: {command_id!r} is not a command id", file=sys.stderr)
         return 2
     return Supervisor(command_id, os.path.abspath(state)).run()

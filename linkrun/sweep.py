@@ -41,7 +41,7 @@ def main_sweep(argv: list[str]) -> int:
     if "--way-in" in flags:
         check_way_in(str(flags["--way-in"]))
         agent = str(flags.get("--as") or "")
-        if not AGENT_ID.match(agent):
+        if not AGENT_ID.fullmatch(agent):
             raise UsageError("--way-in needs --as <agent id>")
         keyring = flags.get("--keyring") or os.environ.get("LINK_KEYRING") or os.path.expanduser("~/.link/keyring")
         override = telling.WayIn(str(flags["--way-in"]), agent, os.path.abspath(str(keyring)))
@@ -68,7 +68,7 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict:
         names = os.listdir(state)
         for name in names:
             command_id = name[:-5]
-            if name.endswith(".json") and records.ID.match(command_id):
+            if name.endswith(".json") and records.ID.fullmatch(command_id):
                 sweep_record(state, command_id, override, reachable, counts, names)
     finally:
         os.close(lock)

@@ -110,7 +110,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
         check_way_in(str(way_in))
         if not as_id:
             raise UsageError("--way-in needs --as <agent id>")
-        if not AGENT_ID.match(str(as_id)):
+        if not AGENT_ID.fullmatch(str(as_id)):
             raise UsageError(f"--as {as_id!r} is not an agent id", "use letters, digits, '.', '_' and '-'")
     elif as_id or "--keyring" in flags:
         raise UsageError("--as and --keyring need --way-in <address>")

@@ -349,6 +349,14 @@ def test_without_programs_there_is_no_command_and_the_instructions_say_so(server
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--state", "/tmp/s", "--", "env"], "--background is required with --state"),
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--write", "../x", "--", "env"], "--write '../x'"),
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--bogus", "--", "env"], "unknown flag '--bogus'"),
+    # A trailing newline is no part of a duration, a size, a name or an agent id.
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m\n", "--output", "16K", "--", "env"], "--timeout '2m\\n' is not a duration"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K\n", "--", "env"], "--output '16K\\n' is not a size"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--var", "A\n=1", "--", "env"], "is not NAME=VALUE"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--state", "/tmp/s",
+      "--way-in", "http://127.0.0.1:9/", "--as", "agent\n", "--background", "1", "--background-timeout", "1h",
+      "--background-output", "16M", "--background-keep", "1d", "--background-per-day", "9", "--hops", "2",
+      "--", "env"], "is not an agent id"),
 ])
 def test_a_missing_or_bad_flag_is_named_in_one_line_and_exits_2(argv, words):
     completed = subprocess.run(SERVER + ["serve", *argv], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=10)

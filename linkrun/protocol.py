@@ -16,7 +16,7 @@ import orjson
 
 # A line longer than this is refused whole (a 10 MB `input` fits easily).
 MAX_LINE = 64 * 1024 * 1024
-READ_AHEAD = 16  # lines read from stdin before the session takes them
+READ_AHEAD = 1  # lines read from stdin ahead of the session (each may be 64 MB)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600

@@ -31,6 +31,7 @@ START_LOCK_WAIT = 5.0
 DAY = 86400
 MAX_WAIT = 30
 STOP_WAIT = 5.0
+PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
 
 _ID = {"type": "string", "description": "The command's id, as start answered it."}
@@ -391,15 +392,19 @@ class Background:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
             raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT}")
         deadline = time.monotonic() + wait
+        reported: float | None = None
         with self.watcher.watching(wait > 0):
             while True:
-                generation = self.watcher.generation
+                seen = self.watcher.changes(record["id"])
                 chunk = self.read_once(record["id"], offset)
-                if chunk["bytes"] or chunk["ended"] or time.monotonic() >= deadline:
+                now = time.monotonic()
+                if chunk["bytes"] or chunk["ended"] or now >= deadline:
                     break
-                if progress is not None:
-                    progress(round(wait - (deadline - time.monotonic()), 1), wait)
-                self.watcher.wait_change(generation, min(1.0, deadline - time.monotonic()))
+                waited = round(wait - (deadline - now), 1)
+                if progress is not None and (reported is None or waited >= reported + PROGRESS_EVERY):
+                    progress(waited, wait)
+                    reported = waited
+                self.watcher.wait_change(record["id"], seen, min(1.0, deadline - now))
         return self.read_answer(chunk, offset)
 
     def read_once(self, command_id: str, offset: int | None) -> dict:
@@ -492,11 +497,11 @@ class Background:
                 deadline = time.monotonic() + STOP_WAIT
                 with self.watcher.watching(True):
                     while True:
-                        generation = self.watcher.generation
+                        seen = self.watcher.changes(command_id)
                         record = records.load(self.state, command_id)
                         if record["state"] not in records.RUNNING_STATES or time.monotonic() >= deadline:
                             break
-                        self.watcher.wait_change(generation, min(0.5, deadline - time.monotonic()))
+                        self.watcher.wait_change(command_id, seen, min(0.5, deadline - time.monotonic()))
             record = records.load(self.state, command_id)
         return self.entry(record)
 
@@ -535,13 +540,15 @@ def iso(seconds: float) -> str:
 
 class Watcher:
     """serve's one watch of the state folder and background/, for every read
-    and stop that waits. It runs only while someone waits: an idle server
-    uses no CPU."""
+    and stop that waits. It runs only while someone waits, and wakes a waiter
+    only on a change to its own command's files (a write, a rename, a new or
+    removed file), never on a mere open or read: an idle server, and a waiting
+    one, use no CPU."""
 
     def __init__(self, background: Background):
         self.background = background
         self.condition = threading.Condition()
-        self.generation = 0
+        self.counts: dict[str, int] = {}  # command id -> changes to its files seen while watching
         self.waiters = 0
         self.observer = None
 
@@ -569,30 +576,34 @@ class Watcher:
         with self.condition:
             self.waiters -= 1
             observer = self.observer if self.waiters == 0 else None
-            if observer is not None:
+            if self.waiters == 0:
                 self.observer = None
+                self.counts.clear()  # nobody holds a count any more
         if observer:
             observer.stop()
 
     def _start(self):
         try:
-            from watchdog.events import FileSystemEventHandler
+            from watchdog.events import (
+                FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent,
+                FileSystemEventHandler,
+            )
             from watchdog.observers import Observer
         except ImportError:
             return None
         watcher = self
+        changes = [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent]
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event):
-                with watcher.condition:
-                    watcher.generation += 1
-                    watcher.condition.notify_all()
+                if type(event) in changes:  # the filter below keeps the kernel from sending the rest
+                    watcher._changed(event.src_path, event.dest_path)
 
         observer = Observer()
         observer.daemon = True
         try:
-            observer.schedule(Handler(), self.background.state, recursive=False)
-            observer.schedule(Handler(), os.path.join(self.background.settings.files, "background"), recursive=False)
+            for folder in (self.background.state, os.path.join(self.background.settings.files, "background")):
+                observer.schedule(Handler(), folder, recursive=False, event_filter=changes)
             observer.start()
         except OSError as problem:  # inotify exhausted: the waits fall back to their slices
             print(f"lnk-link-run serve: cannot watch for output ({problem}); reads that wait check "
@@ -600,6 +611,20 @@ class Watcher:
             return None
         return observer
 
-    def wait_change(self, generation: int, timeout: float):
+    def _changed(self, *paths: str | bytes) -> None:
+        # <id>.out, <id>.json, <id>.json.<hex>.tmp, <id>.stop, ...: the id is the name up to its first dot.
+        ids = {os.fsdecode(os.path.basename(p)).split(".", 1)[0] for p in paths if p}
         with self.condition:
-            self.condition.wait_for(lambda: self.generation != generation, max(0.0, timeout))
+            for command_id in ids:
+                self.counts[command_id] = self.counts.get(command_id, 0) + 1
+            self.condition.notify_all()
+
+    def changes(self, command_id: str) -> int:
+        """How many changes to this command's files were seen: give it to `wait_change`."""
+        with self.condition:
+            return self.counts.get(command_id, 0)
+
+    def wait_change(self, command_id: str, seen: int, timeout: float) -> None:
+        """Until a change to the command's files after `seen`, or `timeout` seconds."""
+        with self.condition:
+            self.condition.wait_for(lambda: self.counts.get(command_id, 0) != seen, max(0.0, timeout))

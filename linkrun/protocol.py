@@ -1,4 +1,4 @@
-"""JSON-RPC framing on stdio: one JSON document a line, orjson, one write lock.
+"""JSON-RPC framing on stdio: one JSON document a line, orjson, one writer thread.
 
 Knows no method and no tool. Stdout carries protocol messages only: the
 channel keeps a private copy of fd 1 and points fd 1 at stderr, so a stray
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections import deque
 
 import orjson
 
 # A line longer than this is refused whole (a 10 MB `input` fits easily).
 MAX_LINE = 64 * 1024 * 1024
+READ_AHEAD = 1  # lines read from stdin ahead of the session (each may be 64 MB)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -24,16 +27,57 @@ UNSUPPORTED_VERSION = -32022
 
 
 class Channel:
+    """Stdin read by a reader thread, stdout written by a writer thread, each with its queue.
+
+    `send` never waits for the client to read: a call's thread, a timeout and
+    the session go on while stdout is full. Nothing queued is dropped, except a
+    message sent with a `replaces` key, which takes the place of an unwritten
+    one of the same key (progress: only the latest matters). Once stdout is
+    gone, `lines` ends, even while stdin stays open.
+    """
+
     def __init__(self, in_fd: int = 0, out_fd: int = 1):
         self._out = os.dup(out_fd)
         os.set_inheritable(self._out, False)
         os.dup2(2, out_fd)
         self._in = open(in_fd, "rb", buffering=1 << 16, closefd=False)
-        self._lock = threading.Lock()
+        self._arrived = threading.Condition()
+        self._incoming: deque[bytes | None] = deque()
+        self._eof = False
+        self._ready = threading.Condition()
+        self._queue: deque[list] = deque()  # [line, key] entries, in order
+        self._replaceable: dict[object, list] = {}  # key -> its entry, while unwritten
+        self._writing = False
+        self._moved_at = time.monotonic()  # when bytes last went out
         self.closed = False  # stdout went away, or we stopped answering
+        threading.Thread(target=self._read_ahead, daemon=True, name="stdin").start()
+        threading.Thread(target=self._write_queued, daemon=True, name="stdout").start()
 
     def lines(self):
-        """Yield each non-blank line without its line ending; over-long ones as None."""
+        """Yield each non-blank line without its line ending; over-long ones as None.
+        Ends at stdin's end, or once stdout is gone."""
+        while True:
+            with self._arrived:
+                self._arrived.wait_for(lambda: self._incoming or self._eof or self.closed)
+                if self.closed or not self._incoming:
+                    return
+                line = self._incoming.popleft()
+                self._arrived.notify_all()
+            yield line
+
+    def _read_ahead(self) -> None:
+        for line in self._stdin_lines():
+            with self._arrived:
+                self._arrived.wait_for(lambda: len(self._incoming) < READ_AHEAD or self.closed)
+                if self.closed:
+                    return
+                self._incoming.append(line)
+                self._arrived.notify_all()
+        with self._arrived:
+            self._eof = True
+            self._arrived.notify_all()
+
+    def _stdin_lines(self):
         while True:
             line = self._in.readline(MAX_LINE)
             if not line:
@@ -47,24 +91,66 @@ class Channel:
             if line.strip():
                 yield line
 
-    def send(self, message) -> bool:
-        """Write one message as one line; False once stdout is gone."""
-        data = orjson.dumps(message) + b"\n"
-        with self._lock:
+    def send(self, message, replaces: object = None) -> bool:
+        """Queue one message as one line; False once stdout is gone."""
+        line = orjson.dumps(message) + b"\n"
+        with self._ready:
             if self.closed:
                 return False
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._out, view):]
-            except (BrokenPipeError, OSError):
-                self.closed = True
-                return False
+            queued = self._replaceable.get(replaces) if replaces is not None else None
+            if queued is not None:
+                queued[0] = line  # same place in the queue: still before what followed it
+                return True
+            entry = [line, replaces]
+            self._queue.append(entry)
+            if replaces is not None:
+                self._replaceable[replaces] = entry
+            self._ready.notify_all()
         return True
 
+    def flush(self, idle: float) -> None:
+        """Wait until everything queued is written, or until no byte went out for `idle` seconds."""
+        with self._ready:
+            self._moved_at = max(self._moved_at, time.monotonic())
+            while not self.closed and (self._queue or self._writing):
+                left = self._moved_at + idle - time.monotonic()
+                if left <= 0:
+                    return  # the client reads no more: do not wait on it
+                self._ready.wait(left)
+
     def close(self):
-        with self._lock:
+        with self._ready:
             self.closed = True
+            self._queue.clear()
+            self._replaceable.clear()
+            self._ready.notify_all()
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def _write_queued(self) -> None:
+        while (line := self._next_line()) is not None:
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(self._out, view):]
+                    self._moved_at = time.monotonic()
+            except OSError:  # EPIPE and the like: the client is gone
+                self.close()
+            with self._ready:
+                self._writing = False
+                self._ready.notify_all()
+
+    def _next_line(self) -> bytes | None:
+        with self._ready:
+            while not self._queue and not self.closed:
+                self._ready.wait()
+            if self.closed:
+                return None
+            line, key = self._queue.popleft()
+            if key is not None:
+                del self._replaceable[key]
+            self._writing = True
+            return line
 
 
 def error(request_id, code: int, message: str, data=None) -> dict:

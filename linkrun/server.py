@@ -38,6 +38,8 @@ EOF_GRACE = 1.5
 # Answered ids remembered for their late cancel (opencode sends one about 50 ms
 # after every answer): the most kept, so a client that never cancels costs little.
 ANSWERED_KEPT = 1024
+# At the end, queued answers go out while the client reads; once nothing moved this long, serve leaves.
+FLUSH_IDLE = 1.0
 KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
 
 
@@ -57,6 +59,7 @@ class Call:
         self.id = request_id
         self.cancel = runner.Cancel()
         self.progress_token = progress_token
+        self.progress: float | None = None  # the last sent: progress only rises
         self.done = False
         self.lock = threading.Lock()
 
@@ -101,16 +104,20 @@ class Session:
         return 0
 
     def shutdown(self, grace: float):
-        """Stop reading; let calls in flight answer within `grace`, then kill them."""
+        """Stop reading; let calls in flight answer within `grace`, then kill them,
+        then give the answers queued the time the client takes to read them."""
         deadline = time.monotonic() + grace
         for thread in list(self.threads):
             thread.join(max(0.0, deadline - time.monotonic()))
-        self.channel.close()
         with self.calls_lock:
             calls = list(self.calls.values())
         for call in calls:
+            with call.lock:
+                call.done = True  # killed now: no answer, no progress
             call.cancel.cancel()
         runner.kill_leftovers_now()
+        self.channel.flush(FLUSH_IDLE)
+        self.channel.close()
 
     def handle_line(self, line: bytes):
         try:
@@ -131,13 +138,24 @@ class Session:
             return
 
         def answer_all():
-            responses = []
-            for message in messages:
-                response = self.handle(message, inline=True)
-                if response is not None:
-                    responses.append(response)
-            if responses:
-                self.channel.send(responses)
+            # Each call on a thread of its own, as when sent alone; the rest here, in turn.
+            responses: list = [None] * len(messages)
+
+            def answer(index: int) -> None:
+                responses[index] = self.handle(messages[index], inline=True)
+
+            calls = []
+            for index, message in enumerate(messages):
+                if isinstance(message, dict) and message.get("method") == "tools/call":
+                    calls.append(threading.Thread(target=answer, args=(index,), daemon=True))
+                    calls[-1].start()
+                else:
+                    answer(index)
+            for thread in calls:
+                thread.join()
+            answered = [response for response in responses if response is not None]
+            if answered:
+                self.channel.send(answered)
 
         self._start_thread(answer_all)
 
@@ -291,7 +309,7 @@ class Session:
             return error(request_id, INVALID_PARAMS, f"Unknown tool: {name} (tools: {offered})")
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         token = meta.get("progressToken")
-        if isinstance(token, bool) or not isinstance(token, (str, int)):
+        if isinstance(token, bool) or not isinstance(token, (str, int, float)):
             token = None
         call = Call(request_id, token)
         key = _key(request_id)
@@ -344,9 +362,12 @@ class Session:
             if message is not None and version >= "2025-03-26":
                 params["message"] = message
             with call.lock:  # under the call's lock, so none can follow its answer
-                if call.done:
+                if call.done or (call.progress is not None and progress <= call.progress):
                     return
-                self.channel.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+                call.progress = progress
+                # An unwritten one of this call is replaced: a slow client gets the latest, not a backlog.
+                self.channel.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params},
+                                  replaces=("progress", *_key(call.id)))
         return send
 
     def _start_thread(self, target):

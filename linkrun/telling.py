@@ -14,6 +14,7 @@ import os
 import secrets
 import select
 import time
+from collections.abc import Callable
 
 import orjson
 
@@ -91,7 +92,8 @@ def tell_once(state: str, record: dict, way_in: WayIn, log):
 
 
 def tell_from_supervisor(state: str, command_id: str, record: dict, log, wake_fd: int | None = None,
-                         stopping=lambda: False, poll_every=lambda: None) -> None:
+                         stopping: Callable[[], bool] = lambda: False,
+                         poll_every: Callable[[], float | None] = lambda: None) -> None:
     """Step 9: tell, retrying with backoff (1, 2, 4 … 60 s, or the way in's
     Retry-After) for ten minutes from the first attempt; then leave it untold
     for the sweeps. A signal (the agent's service stopping) ends the retries
@@ -127,7 +129,8 @@ def tell_from_supervisor(state: str, command_id: str, record: dict, log, wake_fd
         _unlink(wake_path(state, command_id))  # one that came too late has nothing left to wake
 
 
-def _wait(state: str, command_id: str, pause: float, wake_fd: int | None, stopping, poll_every) -> WayIn | None:
+def _wait(state: str, command_id: str, pause: float, wake_fd: int | None, stopping: Callable[[], bool],
+          poll_every: Callable[[], float | None]) -> WayIn | None:
     """Sleep `pause` seconds; less only for a signal or a sweep's wake file,
     whose way in is returned. Any other wake (the watch thread's own byte, a
     change of another file) is no reason to try before the pause is over."""

@@ -177,16 +177,19 @@ class Background:
                 records.write(self.state, command_id, record)
                 if request.input:
                     _write_new(records.path(self.state, command_id, ".in"), request.input)
+                # Counted before the spawn: a serve killed between the two
+                # must never leave a command running that the cap missed.
+                counted = self.count_start(record["started"])
                 # 4. The supervisor, detached; its intermediate exits at once.
                 code = self.spawn_supervisor(command_id, lock_fd)
             finally:
                 os.close(lock_fd)
             if code != 0:
+                self.uncount_start(counted)
                 record.update(state="failed to start", ended=records.now(), told="told")
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
                                    f"its log is {records.path(self.state, command_id, '.log')}")
-            self.count_start(record["started"])
         return {"id": command_id, "output": f"background/{command_id}.out"}
 
     def background_folder(self, create: bool = True) -> int:
@@ -240,19 +243,30 @@ class Background:
             raise Refused(f"{len(starts)} background commands started in the last 24 hours, the most in a day",
                           f"a place frees up at {frees}")
 
-    def count_start(self, when: float):
-        """Append a start to `starts` (under start.lock); now and then drop
-        the lines older than a day, so the file stays small."""
+    def count_start(self, when: float) -> int:
+        """Append a start to `starts` (under start.lock); returns the file's
+        size before it, for `uncount_start`. Now and then the lines older
+        than a day are dropped first, so the file stays small."""
         path = os.path.join(self.state, "starts")
-        with open(path, "a") as f:
-            f.write(f"{when:.3f}\n")
-            size = f.tell()
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            size = 0
         if size > 64 * 1024:
             recent = self.starts_since(records.now() - DAY)
             temporary = path + ".new"
             with open(temporary, "w") as f:
                 f.writelines(f"{t:.3f}\n" for t in recent)
             os.replace(temporary, path)
+        with open(path, "a") as f:
+            before = f.tell()
+            f.write(f"{when:.3f}\n")
+        return before
+
+    def uncount_start(self, before: int) -> None:
+        """Take back the start `count_start` just added (still under start.lock):
+        a spawn that failed ran nothing."""
+        os.truncate(os.path.join(self.state, "starts"), before)
 
     def starts_since(self, since: float) -> list[float]:
         now = records.now()

@@ -203,9 +203,12 @@ class Supervisor:
 
             supervisor = self
 
+            # The stop file, and a sweep's wake file while we tell (§4).
+            watched = (supervisor.stop_path, records.path(supervisor.state, supervisor.id, ".wake"))
+
             class StopHandler(FileSystemEventHandler):
                 def on_any_event(self, event):
-                    if supervisor.stop_path in (event.src_path, getattr(event, "dest_path", "")):
+                    if event.src_path in watched or getattr(event, "dest_path", "") in watched:
                         try:
                             os.write(supervisor.wake_w, b"s")
                         except BlockingIOError:
@@ -378,7 +381,15 @@ class Supervisor:
         from . import telling
 
         telling.tell_from_supervisor(self.state, self.id, self.record, self.log, self.wake_r,
-                                     stopping=lambda: self.signalled is not None)
+                                     stopping=lambda: self.signalled is not None, poll_every=self.wake_poll)
+
+    def wake_poll(self) -> float | None:
+        """How often the telling looks for a wake file itself: never while the
+        watch is set or being set (its byte wakes us, and a wake file written
+        before it was set is seen then), every 250 ms without one."""
+        if self.watching.ident is None:
+            return 0.25  # never started: the command did not run
+        return None if self.poll_every == WATCH_PENDING else self.poll_every
 
     def log(self, text: str):
         print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)

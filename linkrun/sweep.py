@@ -82,6 +82,7 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
     reachable = reachable if reachable is not None else [True]
     fd = records.try_lock(state, command_id)
     if fd is None:
+        wake_if_backing_off(state, command_id, override)
         return
     try:
         record = records.load(state, command_id)
@@ -101,6 +102,20 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
             counts["removed"] += 1
     finally:
         os.close(fd)
+
+
+def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | None) -> None:
+    """A supervisor that holds its lock while it backs off from an unreachable
+    way in: a wake file makes it try again at once, at the way in this sweep
+    was given (the bridge runs a sweep as it starts, perhaps on a new address)."""
+    record = records.load(state, command_id)
+    if not isinstance(record, dict) or record.get("state") in records.RUNNING_STATES:
+        return
+    if record.get("told") != "untold" or record.get("first_try") is None:
+        return
+    way_in = override or telling.WayIn.of(record)
+    telling.write_wake(state, command_id, way_in)
+    log(f"{command_id}: its supervisor is backing off: woken to try {way_in.address} at once")
 
 
 def end_abandoned(state: str, record: dict) -> None:

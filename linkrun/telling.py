@@ -11,7 +11,12 @@ own). Both hold the record's lock while they tell.
 from __future__ import annotations
 
 import os
+import secrets
 import select
+import time
+from collections.abc import Callable
+
+import orjson
 
 from . import records
 
@@ -87,31 +92,114 @@ def tell_once(state: str, record: dict, way_in: WayIn, log):
 
 
 def tell_from_supervisor(state: str, command_id: str, record: dict, log, wake_fd: int | None = None,
-                         stopping=lambda: False) -> None:
-    """Step 9: tell, retrying with backoff (1, 2, 4 … 60 s) for ten minutes from the
-    first attempt; then leave it untold for the sweeps. A signal (the agent's
-    service stopping) ends the retries at once."""
+                         stopping: Callable[[], bool] = lambda: False,
+                         poll_every: Callable[[], float | None] = lambda: None) -> None:
+    """Step 9: tell, retrying with backoff (1, 2, 4 … 60 s, or the way in's
+    Retry-After) for ten minutes from the first attempt; then leave it untold
+    for the sweeps. A signal (the agent's service stopping) ends the retries
+    at once; a sweep's wake file makes the next try come at once, at the way
+    in it names.
+
+    `wake_fd` is readable when a signal came or the state folder changed;
+    `poll_every()` is how often to look for a wake file when nothing watches
+    the folder (None while something does)."""
+    way_in = WayIn.of(record)
     delay = 1.0
+    try:
+        while True:
+            if record.get("first_try") is None:
+                record["first_try"] = records.now()
+            delivery = tell_once(state, record, way_in, log)
+            if delivery.outcome != "not reached":
+                return
+            elapsed = records.now() - min(record["first_try"], records.now())
+            if elapsed >= WINDOW or stopping():
+                log("the way in stayed unreachable: left untold for a sweep")
+                return
+            pause = min(max(delay, delivery.retry_after or 0), BACKOFF_MAX, WINDOW - elapsed)
+            delay = min(delay * 2, BACKOFF_MAX)
+            woken = _wait(state, command_id, pause, wake_fd, stopping, poll_every)
+            if stopping():
+                log("stopping while the way in is unreachable: left untold for a sweep")
+                return
+            if woken is not None:
+                way_in = woken if woken.address else way_in
+                log(f"woken by a sweep: trying {way_in.address} at once")
+    finally:
+        _unlink(wake_path(state, command_id))  # one that came too late has nothing left to wake
+
+
+def _wait(state: str, command_id: str, pause: float, wake_fd: int | None, stopping: Callable[[], bool],
+          poll_every: Callable[[], float | None]) -> WayIn | None:
+    """Sleep `pause` seconds; less only for a signal or a sweep's wake file,
+    whose way in is returned. Any other wake (the watch thread's own byte, a
+    change of another file) is no reason to try before the pause is over."""
+    deadline = time.monotonic() + pause
     while True:
-        if record.get("first_try") is None:
-            record["first_try"] = records.now()
-        delivery = tell_once(state, record, WayIn.of(record), log)
-        if delivery.outcome != "not reached":
-            return
-        elapsed = records.now() - min(record["first_try"], records.now())
-        if elapsed >= WINDOW or stopping():
-            log("the way in stayed unreachable: left untold for a sweep")
-            return
-        pause = min(max(delay, delivery.retry_after or 0), BACKOFF_MAX, WINDOW - elapsed)
-        delay = min(delay * 2, BACKOFF_MAX)
-        if wake_fd is not None:
-            if select.select([wake_fd], [], [], pause)[0]:  # a signal's byte wakes us early
-                try:
-                    os.read(wake_fd, 512)
-                except BlockingIOError:
-                    pass
-        else:
-            select.select([], [], [], pause)
-        if stopping():
-            log("stopping while the way in is unreachable: left untold for a sweep")
-            return
+        woken = take_wake(state, command_id)
+        left = deadline - time.monotonic()
+        if woken is not None or stopping() or left <= 0:
+            return woken
+        step = left if poll_every() is None else min(left, poll_every())
+        ready = select.select([wake_fd] if wake_fd is not None else [], [], [], step)[0]
+        if ready:
+            try:
+                os.read(wake_fd, 512)
+            except BlockingIOError:
+                pass
+
+
+# -- the wake file: a sweep to a supervisor backing off (§4) ---------------------------
+
+WAKE_MAX = 64 * 1024
+
+
+def wake_path(state: str, command_id: str) -> str:
+    return records.path(state, command_id, ".wake")
+
+
+def write_wake(state: str, command_id: str, way_in: WayIn) -> None:
+    """`<id>.wake`, holding the way in to try: written beside, renamed into
+    place whole (the latest sweep's way in wins)."""
+    data = orjson.dumps({"way_in": way_in.address, "as": way_in.agent, "keyring": way_in.keyring})
+    final = wake_path(state, command_id)
+    temporary = f"{final}.{secrets.token_hex(4)}.new"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.rename(temporary, final)
+
+
+def take_wake(state: str, command_id: str) -> WayIn | None:
+    """The way in of a wake file, which is removed; None when there is none.
+    One that cannot be read still wakes, with no address: the caller tries
+    the way in it had."""
+    path = wake_path(state, command_id)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        _unlink(path)
+        return WayIn(None, None, None)
+    try:
+        data = os.read(fd, WAKE_MAX)
+    finally:
+        os.close(fd)
+        _unlink(path)
+    try:
+        given = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        given = None
+    if not isinstance(given, dict) or not all(isinstance(given.get(k), str) for k in ("way_in", "as", "keyring")):
+        return WayIn(None, None, None)
+    return WayIn(given["way_in"], given["as"], given["keyring"])
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -49,6 +49,41 @@ class CallContext:
     progress: object = None  # callable(progress, total, message), when the client asked for it
 
 
+# What Linux's execve passes: one argument of at most MAX_ARG_STRLEN bytes, its
+# NUL included, and all of them with the environment within ARG_MAX (each
+# string's bytes, its NUL and its pointer). A launch adds a little after the
+# check (a background command's gate: its interpreter, script and three words;
+# bwrap's --info-fd): LAUNCH_RESERVE keeps room for it.
+ARG_STRLEN_MAX = 128 * 1024 - 1
+LAUNCH_RESERVE = 4096
+PATH_MAX = 4095  # a path's bytes, its NUL excluded
+NAME_MAX = 255  # one name of a path
+QUOTE_MAX = 80  # a refusal quotes a longer value cut to its start
+QUOTE_KEPT = 60
+_PUT_IT_IN_INPUT = "put long text in input, or in a file of the files folder, and let the program read it"
+
+
+def quoted(value: str) -> str:
+    """A value as a refusal quotes it: whole when short, else its start, cut
+    with … and its length (a 10 MB program name made a 10 MB answer)."""
+    if len(value) <= QUOTE_MAX:
+        return repr(value)
+    return f"{value[:QUOTE_KEPT]!r}… ({len(value)} characters)"
+
+
+def _cut_values(text: str, arguments: dict) -> str:
+    """`text` with each long string argument it quotes cut, however it was quoted."""
+    for value in arguments.values():
+        if isinstance(value, str) and len(value) > QUOTE_MAX and value in text:
+            text = text.replace(repr(value), quoted(value)).replace(value, quoted(value))
+    return text
+
+
+def _size(text: str) -> int:
+    """Bytes as execve gets them (a lone surrogate counted as the 3 it would take)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _describe_size(size: int) -> str:
     for unit, scale in (("M", 1024**2), ("K", 1024)):
         if size % scale == 0:
@@ -257,7 +292,7 @@ class Tools:
         `timout` must still be seen). A null is an absent argument (LangChain
         adapters and OpenAI strict schemas send every optional one)."""
         known = self.table[name]["inputSchema"]["properties"]
-        ignored = sorted(set(arguments) - set(known))
+        ignored = sorted(key if len(key) <= QUOTE_MAX else quoted(key) for key in set(arguments) - set(known))
         given = {key: value for key, value in arguments.items() if key in known and value is not None}
         result = self._answer(name, given, context)
         if result is not None and ignored:
@@ -273,16 +308,17 @@ class Tools:
                 return self._command(arguments, context)
             return self._background(name, arguments, context)
         except Refused as refusal:
-            return ToolResult(f"Refused: {refusal}", is_error=True)
+            return ToolResult(_cut_values(f"Refused: {refusal}", arguments), is_error=True)
         except LinkRunError as failure:
-            return ToolResult(f"Failed: {failure}", is_error=True)
+            return ToolResult(_cut_values(f"Failed: {failure}", arguments), is_error=True)
 
     def _background(self, name: str, arguments: dict, context: CallContext) -> ToolResult:
         background = self.background
         if name == "start":
             request = self.check_run(arguments)
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
-            self.launch(request, watch_init=False).close()  # a planted link is refused now, not in the gate
+            with self.launch(request, watch_init=False) as launch:  # a planted link is refused now, not in the gate
+                _check_exec_size(launch)
             answer = background.start(request, self.argv_tail(request), arguments, context.meta)
             how = ("a message from run:{id} will tell this conversation how it ended"
                    if self.settings.background.way_in else "use read with wait, or list, to learn how it ends")
@@ -312,11 +348,16 @@ class Tools:
         program = arguments.get("program")
         if not isinstance(program, str):
             raise Refused("program must be a string", "give a bare name such as python3, or an absolute path")
+        _check_path_size("program", program)
         args = arguments.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise Refused("args must be an array of strings", 'such as ["-c", "print(1)"]')
         if any("\0" in a for a in args):
             raise Refused("an argument holds a NUL byte", "arguments are passed to the program as C strings")
+        for number, arg in enumerate(args, 1):
+            if len(arg) > ARG_STRLEN_MAX // 4 and _size(arg) > ARG_STRLEN_MAX:
+                raise Refused(f"argument {number} is {_size(arg)} bytes, and Linux passes at most "
+                              f"{ARG_STRLEN_MAX} bytes in one argument (MAX_ARG_STRLEN)", _PUT_IT_IN_INPUT)
         text = arguments.get("input")
         if text is not None and not isinstance(text, str):
             raise Refused("input must be a string", "it is the text the program reads on its input")
@@ -354,6 +395,7 @@ class Tools:
                 context.progress(total, None, f"{total} bytes of output so far")
         try:
             with self.launch(request) as launch:
+                _check_exec_size(launch)
                 no_internet = self._proxy_ready() if self.proxy is not None else None
                 since = time.time()
                 outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report)
@@ -406,7 +448,30 @@ def _list_text(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _check_path_size(what: str, path: str) -> None:
+    """A path Linux could never open is refused here, quoted cut short."""
+    if len(path) > PATH_MAX // 4 and _size(path) > PATH_MAX:
+        raise Refused(f"{what} {quoted(path)} is longer than a path may be ({PATH_MAX} bytes)", f"give a shorter {what}")
+    for name in path.split("/"):
+        if len(name) > NAME_MAX // 4 and _size(name) > NAME_MAX:
+            raise Refused(f"{what} {quoted(path)} holds a name longer than a name may be ({NAME_MAX} bytes)",
+                          f"give a shorter {what}")
+
+
+def _check_exec_size(launch: Launch) -> None:
+    """Refuse what execve would fail with E2BIG (ARG_MAX), before anything runs."""
+    environment = os.environ if launch.env is None else launch.env
+    size = (sum(_size(a) + 9 for a in launch.argv)  # its NUL and its pointer
+            + sum(_size(k) + _size(v) + 10 for k, v in environment.items()))
+    arg_max = os.sysconf("SC_ARG_MAX")
+    if size > arg_max - LAUNCH_RESERVE:
+        raise Refused(f"the program's arguments take {size} bytes with the sandbox's own and its environment, "
+                      f"and Linux passes at most {arg_max} bytes to a program (ARG_MAX), "
+                      f"{LAUNCH_RESERVE} of which are kept for the launch", _PUT_IT_IN_INPUT)
+
+
 def _check_folder(folder: str) -> str:
+    _check_path_size("folder", folder)
     if folder.startswith("/"):
         raise Refused(f"folder {folder!r} is absolute", "give a folder relative to the files folder, such as work")
     if "\0" in folder:

@@ -386,3 +386,72 @@ def test_remove_stops_everything_and_leaves_nothing_of_the_state(servers, files,
     assert "isError" not in result, text_of(result)
     again = subprocess.run(SERVER + ["remove", "--state", str(state)], capture_output=True, timeout=30, env=clean_env())
     assert again.returncode == 0
+
+
+# -- retries: Retry-After, and a sweep's wake -----------------------------------------------
+
+
+def answered(way_in, status: str) -> int:
+    return sum(f"answered {status}" in line for line in list(way_in.err))
+
+
+def answer_times(way_in, status: str, count: int, timeout: float) -> list[float]:
+    """When each of the first `count` answers came (this process's clock, 5 ms apart at worst)."""
+    times = []
+    for n in range(1, count + 1):
+        wait_for(lambda n=n: answered(way_in, status) >= n, timeout=timeout, interval=0.005,
+                 what=f"answer {n} of the way in")
+        times.append(time.monotonic())
+    return times
+
+
+def test_the_supervisor_waits_retry_after_from_its_first_retry_on(servers, files, state, keyring, ways_in):
+    busy = ways_in("--status", "503", "--retry-after", "3")
+    # Tries at 0, 3 and 5 s, then left untold: the window shortened so that the supervisor ends.
+    server = servers(told_argv(files, state, keyring, busy.address), env=clean_env(LNK_TELL_WINDOW="5"))
+    server.initialize()
+    start(server, program="sh", args=["-c", "echo x"])  # ends before the supervisor's watch is set
+    first, second = answer_times(busy, "503", 2, timeout=20)
+    # Retry-After is 3 s; 2 leaves room for the lines' own delays on a loaded machine.
+    assert second - first >= 2, f"tried again {second - first:.3f} s after a Retry-After: 3"
+
+
+def no_sweep_runs(state) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sweep" in words and str(state).encode() in words:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["a new address", "the same address"])
+def test_a_sweep_wakes_a_supervisor_backing_off_and_it_tells_at_once(servers, files, state, keyring, ways_in,
+                                                                       tmp_path, moved):
+    """The way in answers 503 with Retry-After: 60, then the bridge is back
+    (on a new address, or on the same one) and runs its sweep: the message
+    comes at once, not a minute later."""
+    busy = ways_in("--status", "503", "--retry-after", "60", address=f"unix:{tmp_path / 'way-in.sock'}")
+    server = servers(told_argv(files, state, keyring, busy.address))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "echo x"])
+    server.kill()  # serve's own sweeps out of the way: the bridge's sweep is the one that wakes
+    wait_for(lambda: no_sweep_runs(state), what="serve's sweeps to end")
+    wait_record(state, command_id, lambda r: r["told"] == "untold" and r["first_try"], "a first try refused")
+    tries = answered(busy, "503")
+    assert tries >= 1 and records.is_held(str(state), command_id)  # backing off, holding its lock
+    if moved:
+        back = ways_in()
+        flags = ["--way-in", back.address, "--as", AGENT, "--keyring", str(keyring)]
+    else:
+        busy.stop()
+        back = ways_in(address=busy.address)
+        flags = []
+    sweep(state, *flags)
+    assert back.next(timeout=20)["id"] == command_id  # Retry-After alone would make it a minute
+    wait_record(state, command_id, lambda r: r["told"] == "told", "told")
+    assert answered(busy, "503") == tries  # tried where the sweep said, not at the old address again
+    wait_for(lambda: not records.is_held(str(state), command_id), what="the supervisor to exit")
+    assert not os.path.exists(records.path(str(state), command_id, ".wake"))

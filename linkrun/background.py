@@ -434,11 +434,14 @@ class Background:
                         raise Refused(f"background/{command_id}.out is a link, which is never followed",
                                       "the output is not readable") from None
                     raise
-                record = records.load(self.state, command_id)
-                if record is None:
+                try:
+                    record = records.load(self.state, command_id)
+                    if record is None:
+                        raise Refused(UNKNOWN.format(id=command_id))  # removed meanwhile
+                except BaseException:
                     if fd is not None:
                         os.close(fd)
-                    raise Refused(UNKNOWN.format(id=command_id))  # removed meanwhile
+                    raise
                 look = self._match(fd, record)
                 if look is not None:
                     break
@@ -457,9 +460,7 @@ class Background:
     @staticmethod
     def _match(fd: int | None, record: dict) -> _Look | None:
         """The look, or None (the descriptor closed) when the record names other files."""
-        if fd is None:
-            if record["state"] in records.RUNNING_STATES and record.get("inode") is not None:
-                return None  # its file is not there: look again
+        if fd is None:  # none yet, or removed by hand (a rotation renames over it, never removes it)
             return _Look(None, 0, record, 0)
         info = os.fstat(fd)
         kept_from = outfile.kept_from_of(record, info.st_ino)

@@ -8,6 +8,7 @@ supervise.py), and the other tools read records and output files.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -15,9 +16,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, UTC
+from typing import NamedTuple
 
-from . import beneath, records
+from . import beneath, outfile, records
 from .capture import utf8_head, utf8_tail
 from .config import Serve, format_duration
 from .errors import LinkRunError, Refused
@@ -32,6 +35,7 @@ DAY = 86400
 MAX_WAIT = 30
 STOP_WAIT = 5.0
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
+LOOK_PATIENCE = 2.0  # seconds a read looks again while rotations come between its two looks
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
 
 _ID = {"type": "string", "description": "The command's id, as start answered it."}
@@ -95,6 +99,7 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
             "outputSchema": {"type": "object", "properties": {
                 "id": {"type": "string"}, "state": {"type": "string"}, "offset": {"type": "integer"},
                 "next": {"type": "integer"}, "kept_from": {"type": "integer"}, "total": {"type": "integer"},
+                "dropped": {"type": "integer", "description": "Bytes lost to a full disk (only when some were)."},
                 "text": {"type": "string", "description": "The returned bytes (offset to next), decoded."},
             }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
             "annotations": {"title": "Read a background command's output", **read_only},
@@ -174,9 +179,14 @@ class Background:
             try:
                 record = self.new_record(command_id, request, argv_tail, arguments, thread, hops)
                 # 3. The record, state starting, and its input.
-                records.write(self.state, command_id, record)
-                if request.input:
-                    _write_new(records.path(self.state, command_id, ".in"), request.input)
+                try:
+                    records.write(self.state, command_id, record)
+                    if request.input:
+                        _write_new(records.path(self.state, command_id, ".in"), request.input)
+                except OSError as problem:
+                    self.forget(command_id)  # we still hold its lock: nothing of it stays
+                    raise LinkRunError(f"cannot write the command's record in the state folder {self.state}: "
+                                       f"{problem.strerror}", "free space on its disk; nothing was started") from None
                 # Counted before the spawn: a serve killed between the two
                 # must never leave a command running that the cap missed.
                 counted = self.count_start(record["started"])
@@ -191,6 +201,14 @@ class Background:
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
                                    f"its log is {records.path(self.state, command_id, '.log')}")
         return {"id": command_id, "output": f"background/{command_id}.out"}
+
+    def forget(self, command_id: str) -> None:
+        """A start cut short before its supervisor: its files, the lock last (the caller holds it)."""
+        for suffix in (".json", ".in", ".log", ".lock"):
+            try:
+                os.unlink(records.path(self.state, command_id, suffix))
+            except FileNotFoundError:
+                pass
 
     def background_folder(self, create: bool = True) -> int:
         """`background/` of the files folder: made with mkdirat, never a link."""
@@ -370,7 +388,10 @@ class Background:
                 continue
             if record["state"] in records.RUNNING_STATES and not records.is_held(self.state, command_id):
                 # Its supervisor is gone: say so now rather than at the next sweep.
-                self.sweep_one(command_id)
+                try:
+                    self.sweep_one(command_id)
+                except OSError as problem:  # a full state folder: the next sweep mends it
+                    print(f"lnk-link-run serve: cannot sweep {command_id} now: {problem}", file=sys.stderr)
                 record = records.load(self.state, command_id) or record
             own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)
@@ -390,11 +411,12 @@ class Background:
         }
 
     def output_total(self, record: dict) -> int | None:
+        """The output's total by its file and a record that names that file."""
         try:
-            size = os.stat(f"{record['files']}/background/{record['id']}.out", follow_symlinks=False).st_size
-        except OSError:
+            with self.looked_at(record["id"]) as look:
+                return None if look.fd is None else look.kept_from + look.size
+        except (LinkRunError, OSError):
             return None
-        return (record.get("kept_from") or 0) + size
 
     def read(self, arguments: dict, meta: dict, progress=None) -> tuple[dict, str]:
         command_id = arguments.get("id")
@@ -423,47 +445,77 @@ class Background:
 
     def read_once(self, command_id: str, offset: int | None) -> dict:
         """One consistent look at the output file and its record."""
+        with self.looked_at(command_id) as look:
+            if look.fd is None:
+                return {"record": look.record, "bytes": b"", "offset": 0, "kept_from": 0, "total": 0,
+                        "ended": look.record["state"] not in records.RUNNING_STATES}
+            return self.read_at(look, offset)
+
+    @contextlib.contextmanager
+    def looked_at(self, command_id: str) -> Iterator[_Look]:
+        """The output file, open, with a record that names it (as the current
+        file or the one before): so the bytes are read at their own offsets.
+
+        Looks again while a rotation runs between the two looks (two rotations
+        in between, or a record write held up by a slow disk), for up to
+        LOOK_PATIENCE seconds.
+        """
         background_fd = self.background_folder(create=False)
         try:
-            for _ in range(20):
+            deadline, pause = time.monotonic() + LOOK_PATIENCE, 0.001
+            while True:
                 try:
-                    fd = os.open(f"{command_id}.out", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=background_fd)
-                except FileNotFoundError:
-                    fd = None
+                    fd = outfile.open_output(background_fd, command_id)
                 except OSError as error:
                     if error.errno == errno.ELOOP:
                         raise Refused(f"background/{command_id}.out is a link, which is never followed",
                                       "the output is not readable") from None
                     raise
-                record = records.load(self.state, command_id)
-                if fd is None:
-                    if record["state"] in records.RUNNING_STATES and record.get("inode") is not None:
-                        continue  # between a rotation's rename steps: look again
-                    return {"record": record, "bytes": b"", "offset": 0, "kept_from": 0, "total": 0,
-                            "ended": record["state"] not in records.RUNNING_STATES}
-                info = os.fstat(fd)
-                if record.get("inode") not in (None, info.st_ino):
-                    os.close(fd)  # rotated since: the record is about another file
-                    time.sleep(0.002)
-                    continue
                 try:
-                    return self.read_at(fd, info.st_size, record, offset)
-                finally:
-                    os.close(fd)
-            raise LinkRunError(f"the output of {command_id} kept changing under the read", "read again")
+                    record = records.load(self.state, command_id)
+                    if record is None:
+                        raise Refused(UNKNOWN.format(id=command_id))  # removed meanwhile
+                except BaseException:
+                    if fd is not None:
+                        os.close(fd)
+                    raise
+                look = self._match(fd, record)
+                if look is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise LinkRunError(f"the output of {command_id} kept changing under the read", "read again")
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
         finally:
             os.close(background_fd)
+        try:
+            yield look
+        finally:
+            if look.fd is not None:
+                os.close(look.fd)
 
-    def read_at(self, fd: int, size: int, record: dict, offset: int | None) -> dict:
-        kept_from = record.get("kept_from") or 0
-        total = kept_from + size
+    @staticmethod
+    def _match(fd: int | None, record: dict) -> _Look | None:
+        """The look, or None (the descriptor closed) when the record names other files."""
+        if fd is None:  # none yet, or removed by hand (a rotation renames over it, never removes it)
+            return _Look(None, 0, record, 0)
+        info = os.fstat(fd)
+        kept_from = outfile.kept_from_of(record, info.st_ino)
+        if kept_from is None:
+            os.close(fd)
+            return None
+        return _Look(fd, info.st_size, record, kept_from)
+
+    def read_at(self, look: _Look, offset: int | None) -> dict:
+        record, kept_from = look.record, look.kept_from
+        total = kept_from + look.size
         limit = self.settings.output
         ended = record["state"] not in records.RUNNING_STATES
         if offset is None:
             start = max(kept_from, total - limit)
         else:
             start = min(max(offset, kept_from), total)
-        data = os.pread(fd, min(limit, total - start), start - kept_from) if start < total else b""
+        data = os.pread(look.fd, min(limit, total - start), start - kept_from) if start < total else b""
         if start > kept_from or offset is None or offset < kept_from:
             trimmed = utf8_tail(data)  # never start inside a character
             start += len(data) - len(trimmed)
@@ -484,10 +536,16 @@ class Background:
         # The text again: structured-first clients give the model this value alone.
         structured = {"id": record["id"], "state": record["state"], "offset": start, "next": end,
                       "kept_from": chunk["kept_from"], "total": total, "text": text}
+        dropped = record.get("dropped") or 0
+        if dropped:
+            structured["dropped"] = dropped
         header = [record["id"], record["state"], f"bytes {start}–{end} of {total}"]
         if asked is not None and asked < chunk["kept_from"]:
+            full = f"; the disk was full: {dropped} of them were lost to it" if dropped else ""
             header.append(f"bytes {asked}–{chunk['kept_from']} dropped (only the last "
-                          f"{self.b.output} bytes are kept)")
+                          f"{self.b.output} bytes are kept{full})")
+        elif dropped and start == chunk["kept_from"]:  # the losses lie before the kept bytes
+            header.append(f"the disk was full for a while: {dropped} bytes of its output were lost to it")
         if end == total and chunk["ended"]:
             header.append("ended: no more output")
         elif end == total and not data:
@@ -525,6 +583,13 @@ class Background:
         except ImportError:
             return
         sweep.sweep_record(self.state, command_id)
+
+
+class _Look(NamedTuple):
+    fd: int | None  # the output file, open; None when there is none
+    size: int
+    record: dict
+    kept_from: int  # where this file starts in the output
 
 
 class _Held:

@@ -7,6 +7,7 @@ start: it fails there, in one line naming the fix.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -216,12 +217,37 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
             "see docs/security.md"
 
 
+def record_checks(agent_root: str):
+    """Background records that are not whole: set aside by a sweep, or not yet."""
+    from . import records
+
+    folder = agent_folder.locate(agent_root)
+    background = os.path.join(folder.files, "background")
+    aside = os.path.join(folder.state, records.BAD)
+    try:
+        set_aside = sorted(name[:-5] for name in os.listdir(aside) if name.endswith(".json"))
+    except OSError:
+        set_aside = []
+    for command_id in set_aside:
+        output = os.path.join(background, f"{command_id}.out")
+        also = f" and its output {output}" if os.path.exists(output) else ""
+        yield "warn", f"background command {command_id}: its record was not whole and is set aside in {aside}", \
+            f"look at {os.path.join(aside, command_id + '.json')}{also}, then delete them"
+    for command_id in records.ids(folder.state):
+        try:
+            records.load_strict(folder.state, command_id)
+        except records.BadRecord as bad:
+            yield "warn", f"background command {command_id}: its record is not whole ({bad})", \
+                f"run lnk-link-run sweep {folder.state} to set it aside"
+
+
 def main(argv: list[str]) -> int:
     flags, _ = split_flags(argv, {"--agent", "--sandbox"}, set(), set())
     environ = os.environ
     root = str(flags.get("--agent") or agent_folder.default_root(environ))
     failed = False
-    for level, what, fix in checks(root, flags.get("--sandbox"), environ):  # type: ignore[arg-type]
+    found = itertools.chain(checks(root, flags.get("--sandbox"), environ), record_checks(root))  # type: ignore[arg-type]
+    for level, what, fix in found:
         failed |= level == "FAIL"
         print(f"{level:<4} {what}" + (f"\n     → {fix}" if fix else ""))
     sys.stdout.flush()

@@ -7,18 +7,29 @@ the new file is renamed over the old (step 5, (a) to (e)): a reader that
 finds an inode other than the record's loads the record again, and so never
 reads at a stale offset. Opened relative to the folder's descriptor and never
 through a link.
+
+A file's `kept_from` never changes once a reader may see it: the record
+names the current file and the one before it (`prev_inode`,
+`prev_kept_from`), so a reader that opened either between (c) and (d) still
+reads at the right offset. On a full disk nothing is ever written with a gap:
+the output is dropped (and counted) until a new, empty file can take the old
+one's place, at the offset where the output then is.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import time
+from collections.abc import Callable
 
 from .group import CHUNK
 from .group import grow_pipe as grow_pipe  # where the supervisor's spawn looks for it
 # Read and write: a rotation copies the newest bytes out of the old file.
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-RETRY_FULL_DISK = 1.0
+RETRY_FULL_DISK = 1.0  # seconds between tries while a disk is full
+FULL = (errno.ENOSPC, errno.EDQUOT)
+ROOM_MARGIN = 64 * 1024  # left free when a rotation on a full disk keeps what fits
 
 
 def open_background(files: str) -> int:
@@ -30,24 +41,70 @@ def open_background(files: str) -> int:
         os.close(files_fd)
 
 
+def kept_from_of(record: dict, inode: int) -> int | None:
+    """Where the output file with this inode starts, by the record; None when
+    the record names other files (a rotation came between the two looks)."""
+    if record.get("inode") in (None, inode):
+        return record.get("kept_from") or 0
+    if record.get("prev_inode") == inode:
+        return record.get("prev_kept_from") or 0
+    return None
+
+
+def open_output(folder_fd: int, command_id: str) -> int | None:
+    """`<id>.out` for reading, never through a link (ELOOP); None when there is none."""
+    try:
+        return os.open(f"{command_id}.out", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+    except FileNotFoundError:
+        return None
+
+
+def measure(record: dict) -> tuple[int, int, int] | None:
+    """(inode, kept_from, size) of a command's output file as its record
+    names it, or None; for a record no supervisor writes any more."""
+    try:
+        folder = open_background(record["files"])
+    except OSError:
+        return None
+    try:
+        fd = open_output(folder, record["id"])
+    except OSError:
+        fd = None
+    finally:
+        os.close(folder)
+    if fd is None:
+        return None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    kept_from = kept_from_of(record, info.st_ino)
+    return None if kept_from is None else (info.st_ino, kept_from, info.st_size)
+
+
 class OutputFile:
-    def __init__(self, folder_fd: int, name: str, fd: int, cap: int, on_rotate):
+    def __init__(self, folder_fd: int, name: str, fd: int, cap: int, on_rotate: Callable[[dict], None],
+                 log: Callable[[str], None] = lambda text: None):
         self.folder_fd = folder_fd
         self.name = name
         self.fd = fd
         self.cap = cap
-        self.on_rotate = on_rotate  # (inode, kept_from): writes the record, step (c)
+        self.on_rotate = on_rotate  # writes these fields into the record, step (c)
+        self.log = log
         self.inode = os.fstat(fd).st_ino
         self.size = 0  # bytes in the current file
         self.kept_from = 0
         self.total = 0
+        self.dropped = 0  # bytes lost to a full disk
+        self.dropping = False  # a disk was full: output is dropped until a new file can start
+        self.retry_at = 0.0  # no rotation is tried before this (monotonic) time
         self.splice = True
-        self.full_until = 0.0  # after a full disk: drop output until then
         self.buffer = None
         self.null = None
 
     @classmethod
-    def create(cls, files: str, command_id: str, cap: int, on_rotate) -> OutputFile:
+    def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[dict], None],
+               log: Callable[[str], None] = lambda text: None) -> OutputFile:
         folder_fd = open_background(files)
         name = f"{command_id}.out"
         try:
@@ -55,47 +112,37 @@ class OutputFile:
         except BaseException:
             os.close(folder_fd)
             raise
-        return cls(folder_fd, name, fd, cap, on_rotate)
+        return cls(folder_fd, name, fd, cap, on_rotate, log)
 
     def pump(self, pipe_fd: int) -> int:
-        """Move what the pipe holds into the file; the bytes moved, 0 at EOF."""
-        import time
+        """Move what the pipe holds into the file; the bytes moved, 0 at EOF.
 
-        if self.full_until and time.monotonic() < self.full_until:
+        A full disk never blocks the pipe (it would stall the program): the
+        output is dropped, and each second a new empty file is tried.
+        """
+        if self.dropping and not self._resume():
             return self._drop(pipe_fd)
         try:
-            if self.splice:
-                try:
-                    moved = os.splice(pipe_fd, self.fd, CHUNK)
-                except OSError as error:
-                    if error.errno != errno.EINVAL:
-                        raise
-                    self.splice = False  # this filesystem refuses splice: copy instead
-                    return self.pump(pipe_fd)
-            else:
-                moved = self._copy(pipe_fd)
+            moved = self._splice(pipe_fd) if self.splice else self._copy(pipe_fd)
         except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if error.errno not in FULL:
                 raise
-            # A full disk must never block the pipe (it would stall the program):
-            # start an empty file (the dropped bytes end before its first
-            # byte) and drop output for a second before trying again.
-            self.full_until = time.monotonic() + RETRY_FULL_DISK
-            try:
-                self._restart(keep=0)
-            except OSError:
-                # Not even an empty file could be made: empty this one in place.
-                os.ftruncate(self.fd, 0)
-                os.lseek(self.fd, 0, os.SEEK_SET)
-                self.size, self.kept_from = 0, self.total
-                self.on_rotate(self.inode, self.kept_from)
+            self._disk_full()
             return self._drop(pipe_fd)
-        if moved == 0:
-            return 0
+        if moved and not self.dropping and self.size >= 2 * self.cap and time.monotonic() >= self.retry_at:
+            self._rotate()
+        return moved
+
+    def _splice(self, pipe_fd: int) -> int:
+        try:
+            moved = os.splice(pipe_fd, self.fd, CHUNK)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            self.splice = False  # this filesystem refuses splice: copy instead
+            return self._copy(pipe_fd)
         self.total += moved
         self.size += moved
-        if self.size >= 2 * self.cap:
-            self._restart(keep=self.cap)
         return moved
 
     def _copy(self, pipe_fd: int) -> int:
@@ -104,47 +151,112 @@ class OutputFile:
         count = os.readv(pipe_fd, [self.buffer])
         view = memoryview(self.buffer)[:count]
         while view:
-            view = view[os.write(self.fd, view):]
+            try:
+                written = os.write(self.fd, view)
+            except OSError as error:
+                if error.errno not in FULL:
+                    raise
+                # What was read and not written is dropped: the pipe no longer holds it.
+                self.total += len(view)
+                self.dropped += len(view)
+                self._disk_full()
+                break
+            self.total += written
+            self.size += written
+            view = view[written:]
         return count
 
     def _drop(self, pipe_fd: int) -> int:
         if self.null is None:
             self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         moved = os.splice(pipe_fd, self.null, CHUNK)
-        if moved == 0:
-            return 0
         self.total += moved
-        if self.size == 0:
-            self.kept_from = self.total  # nothing kept: the file starts here
+        self.dropped += moved
         return moved
 
-    def _restart(self, keep: int):
-        """Steps (a) to (e): a new file holding the newest `keep` bytes takes the old one's place."""
+    def _disk_full(self) -> None:
+        if not self.dropping:
+            self.log(f"the disk of the output is full: output is dropped, and a new file tried each "
+                     f"{RETRY_FULL_DISK:g} s (at byte {self.total})")
+        self.dropping = True
+        self.retry_at = time.monotonic() + RETRY_FULL_DISK
+
+    def _resume(self) -> bool:
+        """After a full disk: a new, empty file starts where the output now is."""
+        if time.monotonic() < self.retry_at:
+            return False
+        if not self._restart(keep=0):
+            self.retry_at = time.monotonic() + RETRY_FULL_DISK
+            return False
+        self.dropping = False
+        self.log(f"writing the output again from byte {self.total}; {self.dropped} bytes dropped so far")
+        return True
+
+    def _rotate(self) -> None:
+        """At twice the cap: keep the newest `cap` bytes; on a disk with no room
+        for their copy, as many as there is room for, or none, rather than
+        stop; when even that fails, try again later."""
+        if self._restart(keep=self.cap):
+            return
+        room = os.fstatvfs(self.fd)
+        fits = max(0, min(self.cap, room.f_bavail * room.f_frsize - ROOM_MARGIN))
+        for keep in dict.fromkeys((fits, 0)):
+            if self._restart(keep=keep):
+                self.dropped += self.cap - keep  # what the cap would have kept
+                self.log(f"the disk of the output is full: the rotation kept its last {keep} bytes, "
+                         f"not {self.cap}")
+                return
+        self.retry_at = time.monotonic() + RETRY_FULL_DISK
+
+    def _restart(self, keep: int) -> bool:
+        """Steps (a) to (e): a new file holding the newest `keep` bytes takes the
+        old one's place. False, with nothing changed, when it cannot."""
         keep = min(keep, self.size)
         next_name = self.name + ".next"
-        new_fd = os.open(next_name, OPEN_NEW, 0o644, dir_fd=self.folder_fd)  # (a)
+        try:
+            _unlink(next_name, self.folder_fd)  # what a rotation cut short left
+            new_fd = os.open(next_name, OPEN_NEW, 0o644, dir_fd=self.folder_fd)  # (a)
+        except OSError as error:
+            self.log(f"cannot start a new output file: {error}")
+            return False
         try:
             offset = self.size - keep
             while keep - (copied := os.lseek(new_fd, 0, os.SEEK_CUR)) > 0:  # (b)
-                done = os.copy_file_range(self.fd, new_fd, keep - copied, offset + copied)
-                if done == 0:
+                if os.copy_file_range(self.fd, new_fd, keep - copied, offset + copied) == 0:
                     break
-            self.kept_from = self.total - keep
+            kept_from = self.total - keep
             inode = os.fstat(new_fd).st_ino
-            self.on_rotate(inode, self.kept_from)  # (c)
+            self.on_rotate({"inode": inode, "kept_from": kept_from, "prev_inode": self.inode,  # (c)
+                            "prev_kept_from": self.kept_from, "dropped": self.dropped})
             os.rename(next_name, self.name, src_dir_fd=self.folder_fd, dst_dir_fd=self.folder_fd)  # (d)
-        except BaseException:
+        except BaseException as error:
             os.close(new_fd)
-            raise
+            _unlink(next_name, self.folder_fd)
+            if not isinstance(error, OSError):
+                raise
+            self.log(f"cannot rotate the output file: {error}")
+            return False
         os.close(self.fd)  # (e)
-        self.fd, self.inode, self.size = new_fd, inode, keep
+        self.fd, self.inode, self.kept_from, self.size = new_fd, inode, kept_from, keep
+        return True
 
     def finish(self):
-        """At the end, cut once more: the last `cap` bytes are kept, never more."""
-        if self.size > self.cap:
+        """At the end, cut once more: the last `cap` bytes are kept, never more
+        (on a full disk, more rather than none). After a full disk the file
+        must end where the output ends: a new empty one, if it can."""
+        if self.dropping:
+            self.retry_at = 0.0
+            self._resume()
+        elif self.size > self.cap:
             self._restart(keep=self.cap)
         os.close(self.fd)
         os.close(self.folder_fd)
         if self.null is not None:
             os.close(self.null)
 
+
+def _unlink(name: str, folder_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass

@@ -78,14 +78,82 @@ def check_filesystem(state: str) -> None:
                            "give a state folder on a local disk")
 
 
+class BadRecord(Exception):
+    """A record that is not whole: unparsable, cut short, or missing what every reader needs."""
+
+
+# What every reader of a record indexes, and the types it must have.
+_NUMBER = (int, float)
+_REQUIRED = {"id": str, "state": str, "thread": str, "started": _NUMBER, "files": str, "program": str,
+             "args": list, "told": str}
+_OPTIONAL = {"folder": str, "ended": _NUMBER, "keep": _NUMBER, "timeout": _NUMBER, "inode": int,
+             "kept_from": int, "bytes": int, "prev_inode": int, "prev_kept_from": int, "dropped": int}
+
+
 def load(state: str, command_id: str) -> dict | None:
+    """The record, or None when there is none or it is bad (a sweep sets a bad one aside)."""
+    try:
+        return load_strict(state, command_id)
+    except BadRecord:
+        return None
+
+
+def load_strict(state: str, command_id: str) -> dict | None:
+    """The record, None when there is none; BadRecord, saying why, when it is not whole."""
     try:
         with open(path(state, command_id, ".json"), "rb") as f:
-            return orjson.loads(f.read())
+            data = f.read()
     except FileNotFoundError:
         return None
-    except orjson.JSONDecodeError:
-        return None  # never happens with atomic writes; treat as absent rather than crash
+    try:
+        record = orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        raise BadRecord(f"not JSON ({len(data)} bytes; {error})") from None
+    why = _fault(record, command_id)
+    if why:
+        raise BadRecord(why)
+    return record
+
+
+def _fault(record, command_id: str) -> str | None:
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for name, kind in _REQUIRED.items():
+        if name not in record:
+            return f"no {name!r}"
+        if not _is(record[name], kind):
+            return f"{name!r} is not a {_kind_name(kind)}"
+    for name, kind in _OPTIONAL.items():
+        if record.get(name) is not None and not _is(record[name], kind):
+            return f"{name!r} is not a {_kind_name(kind)}"
+    if record["id"] != command_id:
+        return f"its id is {record['id']!r}"
+    if record["state"] not in RUNNING_STATES + ENDED_STATES:
+        return f"unknown state {record['state']!r}"
+    return None
+
+
+def _is(value, kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _kind_name(kind) -> str:
+    return "number" if kind == _NUMBER else {str: "string", list: "list", int: "whole number"}[kind]
+
+
+BAD = "bad"  # the state folder's subfolder for records set aside
+
+
+def set_aside(state: str, command_id: str) -> str:
+    """Move a bad record and its files (not its lock) into `<state>/bad/`,
+    where no reader looks; the caller holds its lock and removes it after.
+    Returns the record's new path."""
+    folder = os.path.join(state, BAD)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    for name in os.listdir(state):
+        if name.startswith(command_id + ".") and name != command_id + ".lock":
+            os.replace(os.path.join(state, name), os.path.join(folder, name))
+    return os.path.join(folder, command_id + ".json")
 
 
 def write(state: str, command_id: str, record: dict) -> None:

@@ -12,6 +12,7 @@ The step numbers are those of the design, and of background.py and gate.py.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import select
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from . import records
 from .child import boottime, kill_group, signal_name
@@ -29,6 +31,7 @@ from .outfile import OutputFile
 
 WATCH_PENDING = 0.01
 TERM_GRACE = 2.0  # from the SIGTERM of a stop to the SIGKILL
+FULL_RETRY_FIRST, FULL_RETRY_MOST = 0.05, 2.0  # seconds between tries to write a record on a full disk
 USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not by hand)"
 
 
@@ -135,7 +138,7 @@ class Supervisor:
         # step 4 looks before `G`).
         try:
             self.output = OutputFile.create(record["files"], self.id, record["background_output"],
-                                            on_rotate=self.rotated)
+                                            on_rotate=self.rotated, log=self.log)
         except OSError as problem:
             self.log(f"cannot create the output file: {problem}")
             return self.finish("failed to start", None, None)
@@ -167,7 +170,7 @@ class Supervisor:
             leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
             inode=self.output.inode, kept_from=0, bytes=0,
         )
-        records.write(self.state, self.id, record)
+        self.save(record)  # on a full state folder, the program waits for room to record it
         if os.path.exists(self.stop_path):
             os.close(self.control)  # the gate reads EOF and exits: nothing ran
             self.gate.wait()
@@ -181,7 +184,10 @@ class Supervisor:
         self.leader.sandbox_init = self.launch.init_pidfd()
         if self.leader.sandbox_init is not None:
             record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
-            records.write(self.state, self.id, record)
+            try:
+                records.write(self.state, self.id, record)
+            except OSError as problem:  # the pipe must not wait: the next write of the record carries it
+                self.log(f"cannot record the sandbox's init yet: {problem}")
         self.watching.start()  # only now: its imports would compete with the steps above
         try:
             return self.loop()
@@ -345,20 +351,45 @@ class Supervisor:
 
     # -- step 5 hook, and step 9 ----------------------------------------------
 
-    def rotated(self, inode: int, kept_from: int):
-        """(c) of a rotation: the record names the new file before it takes the old one's place."""
-        self.record.update(inode=inode, kept_from=kept_from)
-        records.write(self.state, self.id, self.record)
+    def rotated(self, fields: dict) -> None:
+        """(c) of a rotation: the record names the new file (and the one before
+        it) before it takes the old one's place. A failed write raises, and
+        the rotation is not made: the pipe must never wait for room."""
+        records.write(self.state, self.id, {**self.record, **fields})
+        self.record.update(fields)
+
+    def save(self, record: dict) -> None:
+        """Write the record; on a full disk, try again (each wait twice the
+        last, up to FULL_RETRY_MOST) until there is room. We hold the lock
+        meanwhile, so no sweep takes the command for lost."""
+        pause = FULL_RETRY_FIRST
+        while True:
+            try:
+                records.write(self.state, self.id, record)
+                return
+            except OSError as error:
+                if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                if pause == FULL_RETRY_FIRST:
+                    self.log(f"the state folder is full ({error.strerror}): the record waits for room")
+            time.sleep(pause)
+            pause = min(2 * pause, FULL_RETRY_MOST)
 
     def finish(self, state: str, exit_code: int | None, signal_number: int | None) -> int:
         record = self.record
         record.update(state=state, ended=records.now(), exit=exit_code,
                       signal=signal_name(signal_number) if signal_number is not None else None)
         if self.output is not None:
-            record.update(inode=self.output.inode, kept_from=self.output.kept_from, bytes=self.output.total)
+            record.update(inode=self.output.inode, kept_from=self.output.kept_from, bytes=self.output.total,
+                          dropped=self.output.dropped)
         if record.get("told") != "no way in":
             record["told"] = "untold"
-        records.write(self.state, self.id, record)
+        try:
+            self.save(record)
+        except OSError as problem:  # the state folder is gone (removed): nothing to record in
+            self.log(f"cannot record the end: {problem}")
+            os.close(self.lock_fd)
+            return 1
         self.log(f"ended: {state}, exit {exit_code}, signal {record['signal']}, {record.get('bytes', 0)} bytes")
         # A lost command (the agent or its service stopping) is told by the
         # sweep when the agent is back, not now.
@@ -392,5 +423,8 @@ class Supervisor:
         return None if self.poll_every == WATCH_PENDING else self.poll_every
 
     def log(self, text: str):
-        print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)
+        try:
+            print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)
+        except OSError:
+            pass  # the log's disk is full: the record matters more
 

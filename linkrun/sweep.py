@@ -16,6 +16,7 @@ import sys
 import time
 
 from . import records, telling
+from .outfile import measure
 from .config import AGENT_ID, check_way_in, split_flags
 from .errors import UsageError
 
@@ -45,13 +46,16 @@ def main_sweep(argv: list[str]) -> int:
             raise UsageError("--way-in needs --as <agent id>")
         keyring = flags.get("--keyring") or os.environ.get("LINK_KEYRING") or os.path.expanduser("~/.link/keyring")
         override = telling.WayIn(str(flags["--way-in"]), agent, os.path.abspath(str(keyring)))
-    sweep(os.path.abspath(str(state)), override)
-    return 0
+    counts = sweep(os.path.abspath(str(state)), override)
+    return 1 if counts["failed"] else 0
 
 
 def sweep(state: str, override: telling.WayIn | None = None) -> dict:
-    """One pass over the state folder; returns counts, for tests and logs."""
-    counts = {"ended": 0, "told": 0, "removed": 0}
+    """One pass over the state folder; returns counts, for tests and logs.
+
+    A record that fails is named and the pass goes on to the next.
+    """
+    counts = {"ended": 0, "told": 0, "removed": 0, "set aside": 0, "failed": 0}
     if not os.path.isdir(state):
         return counts
     try:
@@ -69,7 +73,12 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict:
         for name in names:
             command_id = name[:-5]
             if name.endswith(".json") and records.ID.fullmatch(command_id):
-                sweep_record(state, command_id, override, reachable, counts, names)
+                try:
+                    sweep_record(state, command_id, override, reachable, counts, names)
+                except Exception as problem:  # noqa: BLE001 - one record must not stop the others
+                    counts["failed"] += 1
+                    log(f"{command_id}: cannot sweep it: {problem!r}")
+        remove_orphan_locks(state)
     finally:
         os.close(lock)
     return counts
@@ -78,14 +87,19 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict:
 def sweep_record(state: str, command_id: str, override: telling.WayIn | None = None,
                  reachable: list | None = None, counts: dict | None = None, names: list[str] | None = None) -> None:
     """Mend one record whose supervisor is gone; nothing when its lock is held."""
-    counts = counts if counts is not None else {"ended": 0, "told": 0, "removed": 0}
+    counts = counts if counts is not None else {"ended": 0, "told": 0, "removed": 0, "set aside": 0, "failed": 0}
     reachable = reachable if reachable is not None else [True]
     fd = records.try_lock(state, command_id)
     if fd is None:
         wake_if_backing_off(state, command_id, override)
         return
     try:
-        record = records.load(state, command_id)
+        try:
+            record = records.load_strict(state, command_id)
+        except records.BadRecord as bad:
+            set_aside(state, command_id, str(bad))
+            counts["set aside"] += 1
+            return
         if record is None:
             return
         if record["state"] in records.RUNNING_STATES:
@@ -118,13 +132,70 @@ def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | N
     log(f"{command_id}: its supervisor is backing off: woken to try {way_in.address} at once")
 
 
+def set_aside(state: str, command_id: str, why: str) -> None:
+    """A bad record (we hold its lock): its files into `bad/`, named, and its lock removed."""
+    where = records.set_aside(state, command_id)
+    _unlink(records.path(state, command_id, ".lock"))
+    log(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, stays in "
+        f"background/{command_id}.out of the files folder (lnk-link-run doctor names both)")
+
+
+def remove_orphan_locks(state: str) -> None:
+    """`<id>.lock` files with no record, which a start cut short left.
+
+    Under start.lock, which a start holds from creating a lock to writing its
+    record; and only a lock whose flock is free.
+    """
+    try:
+        guard = os.open(os.path.join(state, "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(guard)
+        return  # a start is under way: next time
+    try:
+        for name in os.listdir(state):
+            command_id = name[:-5]
+            if name.endswith(".lock") and records.ID.match(command_id) and \
+                    not os.path.exists(records.path(state, command_id, ".json")):
+                _remove_if_free(records.path(state, command_id, ".lock"))
+    finally:
+        os.close(guard)
+
+
+def _remove_if_free(lock_path: str) -> None:
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return  # held: a start that the guard does not cover, or a stranger's
+    try:
+        os.unlink(lock_path)
+        log(f"{os.path.basename(lock_path)}: removed, a lock with no record")
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def end_abandoned(state: str, record: dict) -> None:
-    """A record whose supervisor died: `starting` never ran, `running` was lost."""
+    """A record whose supervisor died: `starting` never ran, `running` was
+    lost, with the bytes its output file holds."""
     if record["state"] == "starting":
         record.update(state="failed to start", ended=records.now())
     else:
         kill_if_own(record)
         record.update(state="lost", ended=last_sign_of_life(state, record))
+    measured = measure(record)
+    if measured is not None:
+        inode, kept_from, size = measured
+        record.update(inode=inode, kept_from=kept_from, bytes=kept_from + size)
     if record.get("told") != "no way in":
         record["told"] = "untold"
     records.write(state, record["id"], record)

@@ -295,6 +295,7 @@ def test_a_group_that_now_belongs_to_a_stranger_is_not_killed(state, tmp_path, f
             os.close(lock)
             records.write(str(state), command_id, {
                 "v": 1, "id": command_id, "files": str(files), "state": "running", "group": stranger.pid,
+                "thread": "t", "program": "sleep", "args": ["100"],
                 "leader_pid": stranger.pid, "leader_start": leader_start, "boot_id": boot, "told": "no way in",
                 "started": time.time() - 5, "ended": None, "keep": 86400, "output": 16384,
             })
@@ -311,7 +312,8 @@ def test_a_starting_record_whose_supervisor_died_is_failed_to_start(state, files
     command_id = records.new_id()
     os.close(records.create_lock(str(state), command_id))
     records.write(str(state), command_id, {"v": 1, "id": command_id, "files": str(files), "state": "starting",
-                                           "told": "no way in", "started": time.time(), "keep": 86400})
+                                           "told": "no way in", "started": time.time(), "keep": 86400,
+                                           "thread": "t", "program": "true", "args": []})
     sweep(state)
     assert records.load(str(state), command_id)["state"] == "failed to start"
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import beneath
+from . import beneath, cgroups
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
 from .errors import Refused
@@ -50,6 +50,7 @@ class Outcome:
     errors: Capture
     cancelled: bool = False
     pid: int = 0  # the sandbox's, for telling this call's proxy refusals from another's
+    limit: str | None = None  # "memory" or "tasks" when that limit of its cgroup bit, else None
 
     def __repr__(self) -> str:
         how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
@@ -125,13 +126,25 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
         env=launch.env,
     )
     leader = Leader(process)
+    group = leader.cgroup = launch.take_group()
     try:
-        leader.sandbox_init = launch.started()
-    except BaseException:
-        leader.kill()
-        leader.close()
-        process.wait()
-        raise
+        try:
+            leader.sandbox_init = launch.started()
+        except BaseException:
+            leader.kill()
+            leader.close()
+            process.wait()
+            raise
+        outcome = _watch(request, leader, process, started, cancel, output_limit, progress)
+        outcome.limit = group.limit_hit() if group is not None else None
+        return outcome
+    finally:
+        if group is not None:
+            cgroups.remove_later(group)  # its members take milliseconds to leave: not on the answer's path
+
+
+def _watch(request: Request, leader: Leader, process: subprocess.Popen, started: float, cancel: Cancel,
+           output_limit: int, progress: Callable[[int], None] | None) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
     output, errors = Capture(output_limit), Capture(output_limit)

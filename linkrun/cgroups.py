@@ -3,8 +3,10 @@
 A group is made for one launch under this process's own group (serve's, or
 a supervisor's, which is serve's), never at a hierarchy's root itself, and
 holds the call's limits: memory, tasks and a CPU cap. The call joins it
-before bwrap runs (launch.py puts a small `sh` in front), so everything the
-call starts is in it and nothing of serve's is. The group ends the call as a
+before bwrap runs, so everything the call starts is in it and nothing of
+serve's is: in v1 the spawning thread joins the group for the spawn and
+leaves it (`Group.spawning`); in v2, which groups whole processes, a small
+`sh` in front of the argv joins it (launch.py). The group ends the call as a
 whole (`cgroup.kill` in v2; every member in v1), says which limit bit, and
 is removed once its members are gone.
 
@@ -23,12 +25,14 @@ Only the standard library: the supervisor imports this.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 # Each limit and the controller that holds it.
@@ -248,6 +252,22 @@ class Group:
             if _count(folder, "pids.events", "max"):
                 return "tasks"
         return None
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        """v1: this thread joins the group while it spawns, so that the child is
+        born in it (a fork takes its thread's groups), then goes back to its
+        own: no exec on the way. v1 groups its tasks by thread; v2 does not."""
+        tid = str(threading.get_native_id())
+        joined: list[str] = []
+        try:
+            for folder in self.folders:
+                _write(os.path.join(folder, "tasks"), tid)
+                joined.append(folder)
+            yield
+        finally:
+            for folder in joined:
+                _write(os.path.join(os.path.dirname(folder), "tasks"), tid)  # our own group: the parent
 
     def members(self) -> list[int]:
         pids: set[int] = set()

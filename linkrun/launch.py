@@ -20,15 +20,18 @@ init and cleared the init's death signal, while a SIGKILL to that init from
 outside ends its pid namespace, and everything in it, always.
 
 With limits (serve's `--limits`), a launch that someone waits on gets a
-cgroup of its own (cgroups.py), and the argv starts with a small `sh` that
-writes its pid into the group and execs the rest: serve may not use
-`preexec_fn`, and the call must be in its group before bwrap runs. The
-caller takes the group (`take_group`) once it spawned; a group never taken
-is removed with the launch.
+cgroup of its own (cgroups.py), which the call is in before bwrap runs:
+the caller spawns inside `launch.spawning()` (in cgroup v1 its thread is in
+the group meanwhile, and the child is born there), and in cgroup v2 the argv
+starts with a small `sh` that writes its pid into the group and execs the
+rest (serve may not use `preexec_fn`). The caller takes the group
+(`take_group`) once it spawned; a group never taken is removed with the
+launch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Sequence
@@ -99,6 +102,13 @@ class Launch:
         pidfd, self.init_pid = _init_pidfd(self.info_r)
         return pidfd
 
+    def spawning(self) -> contextlib.AbstractContextManager:
+        """Around the spawn: in cgroup v1, the spawning thread is in the group
+        meanwhile, so the child is born in it (v2 joins through the argv)."""
+        if self.group is not None and self.group.version == 1:
+            return self.group.spawning()
+        return contextlib.nullcontext()
+
     def take_group(self) -> Group | None:
         """After the spawn: the group is the caller's to kill, read and remove."""
         group, self.group = self.group, None
@@ -145,7 +155,7 @@ def _join_group(launch: Launch, limits: Limits) -> None:
 
         raise LinkRunError(f"cannot make the call's cgroup for its limits: {error}",
                            "run lnk-link-run doctor, which says which limits can hold here") from None
-    if launch.group is not None:
+    if launch.group is not None and launch.group.version == 2:
         launch.argv = ["/bin/sh", "-c", JOIN, "sh", *launch.group.procs, "--", *launch.argv]
 
 

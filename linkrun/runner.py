@@ -115,16 +115,17 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     while output grows, never after this returns.
     """
     started = boottime()
-    process = subprocess.Popen(
-        launch.argv,
-        stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=f"/proc/self/fd/{cwd_fd}",
-        process_group=0,
-        pass_fds=tuple(launch.fds),
-        env=launch.env,
-    )
+    with launch.spawning():
+        process = subprocess.Popen(
+            launch.argv,
+            stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=f"/proc/self/fd/{cwd_fd}",
+            process_group=0,
+            pass_fds=tuple(launch.fds),
+            env=launch.env,
+        )
     leader = Leader(process)
     group = leader.cgroup = launch.take_group()
     try:

@@ -268,11 +268,13 @@ class Supervisor:
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
         environment = "keep" if self.launch.env is None else "clear"  # see gate.py
         try:
-            self.gate = subprocess.Popen(
-                [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment, *self.launch.argv],
-                stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *self.launch.fds),
-                cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=self.launch.env,
-            )
+            with self.launch.spawning():  # born in the command's cgroup, where it has one
+                self.gate = subprocess.Popen(
+                    [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment,
+                     *self.launch.argv],
+                    stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *self.launch.fds),
+                    cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=self.launch.env,
+                )
         finally:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import itertools
 import os
+import re
 import signal
 import threading
 import time
@@ -219,7 +220,7 @@ def _write(path: str, value: str) -> None:
         os.close(fd)
 
 
-@dataclass
+@dataclass(eq=False)  # each group is itself: held in sets by identity
 class Group:
     """One call's group: a folder in each hierarchy it joins (one in v2)."""
 
@@ -349,6 +350,10 @@ def make(limits: Limits, name: str | None = None, where: Place | None = None) ->
                 _in_leaf.add(where.leaf)
     name = name or f"lnk-{os.getpid()}-{next(_counter)}"
     parents = list(dict.fromkeys(where.folders[c] for c in controllers))
+    for parent in parents:
+        if parent not in _swept:
+            _swept.add(parent)
+            end_orphans(parent, where.version)
     group = Group(where.version, (), limits)
     try:
         for parent in parents:
@@ -363,6 +368,33 @@ def make(limits: Limits, name: str | None = None, where: Place | None = None) ->
         group.remove(wait=1.0)
         raise
     return group
+
+
+_swept: set[str] = set()
+_OURS = re.compile(r"lnk-(\d+)-\d+")
+
+
+def end_orphans(parent: str, version: int) -> int:
+    """End the groups a process that is gone made here (a serve killed
+    outright while a call ran: its call's sandbox may live on in the group),
+    and remove them. Once per process and folder, at its first group."""
+    ended = 0
+    for name in os.listdir(parent):
+        match = _OURS.fullmatch(name)
+        if match and not _alive(int(match[1])):
+            Group(version, (os.path.join(parent, name),), Limits()).remove(wait=0.5)
+            ended += 1
+    return ended
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: alive
+    return True
 
 
 def _settings(version: int, controller: str, limits: Limits, folder: str) -> list[tuple[str, str]]:
@@ -381,8 +413,3 @@ def _settings(version: int, controller: str, limits: Limits, folder: str) -> lis
     if version == 2:
         return [("cpu.max", f"{quota} {CPU_PERIOD}")]
     return [("cpu.cfs_period_us", str(CPU_PERIOD)), ("cpu.cfs_quota_us", str(quota))]
-
-
-def remove_later(group: Group) -> None:
-    """Remove a group off the answer's path: its members take milliseconds to leave."""
-    threading.Thread(target=group.remove, daemon=True, name="cgroup").start()

@@ -90,10 +90,29 @@ def kill_leftovers_now():
     with _leftovers_lock:
         pending = list(_leftovers.items())
         _leftovers.clear()
+        groups = list(_groups)
     for pgid, (timer, process) in pending:
         timer.cancel()
         kill_group(pgid)
         process.wait()
+    for group in groups:
+        group.remove()
+
+
+# Calls' cgroups still being removed, so that shutdown removes them before it exits.
+_groups: set[cgroups.Group] = set()
+
+
+def _remove_soon(group: cgroups.Group) -> None:
+    """Off the answer's path: its members take milliseconds to leave."""
+    def remove():
+        group.remove()
+        with _leftovers_lock:
+            _groups.discard(group)
+
+    with _leftovers_lock:
+        _groups.add(group)
+    threading.Thread(target=remove, daemon=True, name="cgroup").start()
 
 
 def open_folder(files_fd: int, folder: str) -> int:
@@ -141,7 +160,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
         return outcome
     finally:
         if group is not None:
-            cgroups.remove_later(group)  # its members take milliseconds to leave: not on the answer's path
+            _remove_soon(group)
 
 
 def _watch(request: Request, leader: Leader, process: subprocess.Popen, started: float, cancel: Cancel,

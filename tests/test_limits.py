@@ -292,6 +292,33 @@ def test_a_sweep_ends_the_group_of_a_killed_supervisor_with_what_left_the_proces
         stop_background(state)
 
 
+def test_what_a_serve_killed_outright_left_in_a_calls_group_is_ended_by_the_next_serve(files):
+    """serve's SIGKILL leaves a running call unwatched; its group names it, and the next serve ends it."""
+    require_controllers("pids")
+    argv = serve_argv(files, "--limits", "tasks=64", programs=("sh",), sandbox=PASS_THROUGH)
+    tag = f"lnk-left-{secrets.token_hex(6)}"
+    first = RawServer(argv, env=clean_env())
+    try:
+        first.initialize()
+        first.send({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
+                    "params": {"name": "command", "arguments": {"program": "sh",
+                                                                "args": ["-c", f"setsid {linger(tag)} & sleep 300"]}}})
+        wait_for(lambda: len(processes_with(tag)) >= 2, timeout=30, what="the call to leave its process group")
+        first.process.kill()
+        first.kill()
+        assert processes_with(tag), "the call outlived its serve, as it does without a group"
+        second = RawServer(argv, env=clean_env())
+        try:
+            second.initialize()
+            assert second.call("command", {"program": "sh", "args": ["-c", "exit 0"]})["structuredContent"]["exit"] == 0
+            wait_for(lambda: not processes_with(tag), timeout=10, what="the next serve to end the orphaned group")
+            assert not [g for g in groups_of(first.process.pid)]
+        finally:
+            second.kill()
+    finally:
+        kill_tagged([tag])
+
+
 # -- an ordinary user, through a subtree handed to it ---------------------------------
 
 

@@ -53,8 +53,11 @@ _ENTRY = {
         "bytes": {"type": "integer"},
         "started": {"type": "string"},
         "told": {"type": "string", "enum": ["untold", "telling", "told", "given up", "no way in"]},
+        "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
+                          '"tasks" (a fork was refused at its task limit), or null.'),
     },
-    "required": ["id", "program", "args", "folder", "state", "exit", "signal", "seconds", "bytes", "started", "told"],
+    "required": ["id", "program", "args", "folder", "state", "exit", "signal", "seconds", "bytes", "started", "told",
+                 "limit"],
 }
 
 
@@ -308,6 +311,7 @@ class Background:
             "way_in": b.way_in, "as": b.agent, "keyring": b.keyring, "thread": thread, "hops": hops,
             "state": "starting", "group": None, "leader_pid": None, "leader_start": None, "boot_id": None,
             "init_pid": None, "init_start": None,
+            "limits": s.limits.as_record() if s.limits is not None else None, "cgroup": None, "limit": None,
             "inode": None, "kept_from": 0, "bytes": 0, "ended": None, "exit": None, "signal": None,
             "told": "no way in" if b.way_in is None else "untold",
             "first_try": None, "sweep_first_try": None, "told_at": None,
@@ -408,6 +412,7 @@ class Background:
             "folder": record["folder"] or ".", "state": record["state"], "exit": record.get("exit"),
             "signal": record.get("signal"), "seconds": round(max(0.0, ended - record["started"]), 3),
             "bytes": total, "started": iso(record["started"]), "told": record["told"],
+            "limit": record.get("limit"),
         }
 
     def output_total(self, record: dict) -> int | None:

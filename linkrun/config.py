@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from .cgroups import Limits
 from .errors import UsageError
 
 # Matched whole (fullmatch): `$` would let a trailing newline through.
@@ -110,6 +111,7 @@ class Serve:
     background: Background | None
     sandbox: tuple[str, ...]
     seccomp: str | None = None  # the syscall filter file, given to each call's bwrap
+    limits: Limits | None = None  # each call's cgroup limits (--limits), where a cgroup can be had
 
     @property
     def offers_background(self) -> bool:
@@ -119,7 +121,7 @@ class Serve:
 _SERVE_VALUED = {
     "--files", "--programs-path", "--timeout", "--output", "--program", "--var", "--write",
     "--state", "--way-in", "--as", "--keyring", "--background", "--background-timeout",
-    "--background-output", "--background-keep", "--background-per-day", "--hops", "--seccomp",
+    "--background-output", "--background-keep", "--background-per-day", "--hops", "--seccomp", "--limits",
 }
 _SERVE_SWITCHES = {"--proxy", "--no-way-in"}
 _REPEATABLE = {"--program", "--var", "--write"}
@@ -131,6 +133,7 @@ _BACKGROUND_REQUIRED = (
 SERVE_USAGE = (
     "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
     "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... [--seccomp <file>] "
+    "[--limits memory=<bytes>,tasks=<n>,cpu=<n>%] "
     "[--state <dir> [--proxy] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
     "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
     "--background-keep <duration> --background-per-day <n> --hops <n>]] -- <sandbox>..."
@@ -227,7 +230,27 @@ def parse_serve(argv: list[str]) -> Serve:
         background=_parse_background(flags),
         sandbox=tuple(sandbox),
         seccomp=seccomp,
+        limits=parse_limits("--limits", str(flags["--limits"])) if "--limits" in flags else None,
     )
+
+
+def parse_limits(flag: str, text: str) -> Limits:
+    """`memory=4G,tasks=1024,cpu=200%` (each part optional, cpu in percent of one core) → Limits."""
+    hint = "write memory=<size>,tasks=<n>,cpu=<n>%, such as memory=4G,tasks=1024,cpu=200%"
+    values: dict[str, int] = {}
+    for part in filter(None, text.split(",")):
+        name, eq, value = part.partition("=")
+        if not eq or name not in ("memory", "tasks", "cpu") or name in values:
+            raise UsageError(f"{flag} {text!r}: {part!r} is not one of memory=, tasks=, cpu= (each once)", hint)
+        if name == "memory":
+            values[name] = parse_size(f"{flag} memory", value)
+        elif name == "tasks":
+            values[name] = parse_count(f"{flag} tasks", value, minimum=1)
+        else:
+            values[name] = parse_count(f"{flag} cpu", value.removesuffix("%"), minimum=1)
+            if not value.endswith("%"):
+                raise UsageError(f"{flag} cpu {value!r} is not a percentage of one core", hint)
+    return Limits(**values)
 
 
 def _parse_background(flags: dict) -> Background | None:

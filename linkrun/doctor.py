@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from . import agent as agent_folder
-from . import sandbox
+from . import cgroups, sandbox
 from .config import split_flags
 from .errors import LinkRunError
 from .launch import Sandbox, prepare
@@ -215,6 +215,42 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     else:
         yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
             "see docs/security.md"
+    yield from limit_checks(sandbox.call_limits(settings, host), works, why)
+
+
+_LIMIT_WORDS = {"memory": "memory", "pids": "tasks", "cpu": "cpu"}
+
+
+def limit_checks(limits: cgroups.Limits, scope_works_here: bool, scope_why: str):
+    """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
+    place = cgroups.find()
+    held = place.holds(limits)
+    described = {"memory": f"memory {limits.memory // 1024**2}M", "pids": f"tasks {limits.tasks}",
+                 "cpu": f"cpu {limits.cpu}%"}
+    if held:
+        yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \
+            ", ".join(described[c] for c in held), ""
+    missing = [c for c in limits.controllers() if c not in held]
+    if not missing:
+        return
+    if scope_works_here and place.version != 1:
+        yield "ok", "per-call limits: " + ", ".join(described[c] for c in missing) + \
+            " should hold in the delegated scope up runs serve in (systemd-run --user --scope -p Delegate=yes)", ""
+        return
+    for controller in missing:
+        yield "warn", f"no per-call {_LIMIT_WORDS[controller]} limit: {place.missing[controller]}", \
+            _limit_fix(scope_why)
+
+
+def _limit_fix(scope_why: str) -> str:
+    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
+        return ("this is a container: run the agent on the host, or give the container a cgroup v2 group "
+                "of its own that it may write (such as docker run --cgroupns=private with a delegated cgroup)")
+    if os.getuid() == 0:
+        return "mount the missing cgroup controller, or boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)"
+    return (f"no systemd user session to delegate a cgroup to this user ({scope_why}): log in through a "
+            "session that starts systemd --user (or run loginctl enable-linger), so that up runs serve in a "
+            f"delegated scope; see 'Per-call limits' in {TROUBLESHOOTING}")
 
 
 def record_checks(agent_root: str):

@@ -51,6 +51,10 @@ class Leader:
     pid 1 (its init, which bubblewrap reports on --info-fd): it is killed
     with the group, and right after the leader exits, and closed with the
     leader. The leader owns it from then on.
+
+    `cgroup` may be set likewise to the launch's cgroup (cgroups.Group): it
+    is killed as a whole with the group and right after the leader exits.
+    The caller reads and removes it once the leader is reaped.
     """
 
     def __init__(self, process: subprocess.Popen) -> None:  # not reaped before close()
@@ -58,6 +62,7 @@ class Leader:
         self.pgid = process.pid
         self.pidfd: int | None = os.pidfd_open(process.pid)
         self.sandbox_init: int | None = None
+        self.cgroup = None  # a cgroups.Group, when the launch has one
         self.killed = False
         self._lock = threading.Lock()  # kill() may come from a cancelling thread
 
@@ -69,11 +74,18 @@ class Leader:
             kill_group(self.pgid)
             self.killed = True
             kill_init(self.sandbox_init)
+            self._kill_cgroup()
 
     def kill_sandbox_init(self) -> None:
+        """At the leader's exit: the sandbox, and all of the call's cgroup, go with it."""
         with self._lock:
             if self.pidfd is not None:
                 kill_init(self.sandbox_init)
+                self._kill_cgroup()
+
+    def _kill_cgroup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
 
     def close(self) -> None:
         with self._lock:

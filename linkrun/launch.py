@@ -18,14 +18,27 @@ bwrap's `--info-fd` gives the host pid of the sandbox's init (its pid 1):
 `--die-with-parent` alone does not end a sandbox whose program traced its
 init and cleared the init's death signal, while a SIGKILL to that init from
 outside ends its pid namespace, and everything in it, always.
+
+With limits (serve's `--limits`), a launch that someone waits on gets a
+cgroup of its own (cgroups.py), which the call is in before bwrap runs:
+the caller spawns inside `launch.spawning()` (in cgroup v1 its thread is in
+the group meanwhile, and the child is born there), and in cgroup v2 the argv
+starts with a small `sh` that writes its pid into the group and execs the
+rest (serve may not use `preexec_fn`). The caller takes the group
+(`take_group`) once it spawned; a group never taken is removed with the
+launch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from . import cgroups
+from .cgroups import Group, Limits
 
 INFO_LIMIT = 4096  # bwrap's info is one small JSON object
 
@@ -39,6 +52,7 @@ class Sandbox:
     write: tuple[str, ...] = ()  # write folders, relative to the files folder
     proxy_dir: str | None = None  # the proxy's socket folder, bound read-only inside
     seccomp: str | None = None  # the filter file, opened afresh for each launch
+    limits: Limits | None = None  # each launch in a cgroup of its own with these, where one can be had
 
     @property
     def real(self) -> bool:
@@ -58,6 +72,7 @@ class Launch:
     info_r: int | None = None  # our end of bwrap's --info-fd
     info_w: int | None = None  # bwrap's end, among `fds`
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
+    group: Group | None = None  # the launch's cgroup, until the caller takes it
 
     def __enter__(self) -> Launch:
         return self
@@ -87,11 +102,26 @@ class Launch:
         pidfd, self.init_pid = _init_pidfd(self.info_r)
         return pidfd
 
+    def spawning(self) -> contextlib.AbstractContextManager:
+        """Around the spawn: in cgroup v1, the spawning thread is in the group
+        meanwhile, so the child is born in it (v2 joins through the argv)."""
+        if self.group is not None and self.group.version == 1:
+            return self.group.spawning()
+        return contextlib.nullcontext()
+
+    def take_group(self) -> Group | None:
+        """After the spawn: the group is the caller's to kill, read and remove."""
+        group, self.group = self.group, None
+        return group
+
     def close(self) -> None:
         self.handed_over()
         if self.info_r is not None:
             os.close(self.info_r)
             self.info_r = None
+        if self.group is not None:  # never taken: nothing ran in it
+            self.group.remove(wait=1.0)
+            self.group = None
 
 
 def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: int | None = None,
@@ -102,8 +132,35 @@ def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: i
     one; else it is opened here. `watch_init=False` for a launch nobody waits
     on (an exec): bwrap would write its init's pid into a pipe nobody reads.
     Raises percall.LinkOnPath when a link was planted on a path the sandbox
-    binds (nothing is left open then).
+    binds (nothing is left open then). With limits and `watch_init`, the
+    launch joins a new cgroup (LinkRunError when one cannot be made).
     """
+    launch = _sandboxed(sandbox, tail, folder, files_fd, watch_init)
+    if sandbox.limits is not None and watch_init:
+        _join_group(launch, sandbox.limits)
+    return launch
+
+
+# Writes its own pid into each `cgroup.procs` named before `--`, then becomes the rest.
+JOIN = ('while [ "$1" != -- ]; do echo $$ >"$1" || { echo "lnk-link-run: cannot join the cgroup of its limits: $1" >&2; '
+        'exit 125; }; shift; done; shift; exec "$@"')
+
+
+def _join_group(launch: Launch, limits: Limits) -> None:
+    try:
+        launch.group = cgroups.make(limits)
+    except OSError as error:
+        launch.close()
+        from .errors import LinkRunError
+
+        raise LinkRunError(f"cannot make the call's cgroup for its limits: {error}",
+                           "run lnk-link-run doctor, which says which limits can hold here") from None
+    if launch.group is not None and launch.group.version == 2:
+        launch.argv = ["/bin/sh", "-c", JOIN, "sh", *launch.group.procs, "--", *launch.argv]
+
+
+def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int | None,
+               watch_init: bool) -> Launch:
     if not sandbox.real:
         return Launch(list(sandbox.fixed) + ["--", *tail])
     from . import percall  # only a real sandbox pays for it

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import beneath
+from . import beneath, cgroups
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
 from .errors import Refused
@@ -50,6 +50,7 @@ class Outcome:
     errors: Capture
     cancelled: bool = False
     pid: int = 0  # the sandbox's, for telling this call's proxy refusals from another's
+    limit: str | None = None  # "memory" or "tasks" when that limit of its cgroup bit, else None
 
     def __repr__(self) -> str:
         how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
@@ -89,10 +90,29 @@ def kill_leftovers_now():
     with _leftovers_lock:
         pending = list(_leftovers.items())
         _leftovers.clear()
+        groups = list(_groups)
     for pgid, (timer, process) in pending:
         timer.cancel()
         kill_group(pgid)
         process.wait()
+    for group in groups:
+        group.remove()
+
+
+# Calls' cgroups still being removed, so that shutdown removes them before it exits.
+_groups: set[cgroups.Group] = set()
+
+
+def _remove_soon(group: cgroups.Group) -> None:
+    """Off the answer's path: its members take milliseconds to leave."""
+    def remove():
+        group.remove()
+        with _leftovers_lock:
+            _groups.discard(group)
+
+    with _leftovers_lock:
+        _groups.add(group)
+    threading.Thread(target=remove, daemon=True, name="cgroup").start()
 
 
 def open_folder(files_fd: int, folder: str) -> int:
@@ -114,24 +134,37 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     while output grows, never after this returns.
     """
     started = boottime()
-    process = subprocess.Popen(
-        launch.argv,
-        stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=f"/proc/self/fd/{cwd_fd}",
-        process_group=0,
-        pass_fds=tuple(launch.fds),
-        env=launch.env,
-    )
+    with launch.spawning():
+        process = subprocess.Popen(
+            launch.argv,
+            stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=f"/proc/self/fd/{cwd_fd}",
+            process_group=0,
+            pass_fds=tuple(launch.fds),
+            env=launch.env,
+        )
     leader = Leader(process)
+    group = leader.cgroup = launch.take_group()
     try:
-        leader.sandbox_init = launch.started()
-    except BaseException:
-        leader.kill()
-        leader.close()
-        process.wait()
-        raise
+        try:
+            leader.sandbox_init = launch.started()
+        except BaseException:
+            leader.kill()
+            leader.close()
+            process.wait()
+            raise
+        outcome = _watch(request, leader, process, started, cancel, output_limit, progress)
+        outcome.limit = group.limit_hit() if group is not None else None
+        return outcome
+    finally:
+        if group is not None:
+            _remove_soon(group)
+
+
+def _watch(request: Request, leader: Leader, process: subprocess.Popen, started: float, cancel: Cancel,
+           output_limit: int, progress: Callable[[int], None] | None) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
     output, errors = Capture(output_limit), Capture(output_limit)

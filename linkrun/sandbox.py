@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from . import agent as agent_folder
 from . import internet as internet_
+from .cgroups import Limits
 from .config import parse_size, split_flags
 from .errors import LinkRunError, UsageError
 from .group import kill_init
@@ -72,9 +73,12 @@ class SandboxFile:
     tmp_size: int
     file_size: int
     source: str
+    memory: str = "25%"  # per call: a size ("4G") or a share of this machine's memory ("25%")
+    tasks: int = 1024  # per call
+    cpu: int | None = None  # per call, in percent of one core; None: every core but the spare ones
 
 
-_KEYS = {"commands": {"allow"}, "files": {"write"}, "internet": {"hosts"}, "limits": {"tmp", "file"}}
+_KEYS = {"commands": {"allow"}, "files": {"write"}, "internet": {"hosts"}, "limits": {"tmp", "file", "memory", "tasks", "cpu"}}
 
 
 def parse(data: Mapping, source: str) -> SandboxFile:
@@ -114,7 +118,53 @@ def parse(data: Mapping, source: str) -> SandboxFile:
         tmp_size=_size(value("limits", "tmp"), source, "[limits] tmp"),
         file_size=_size(value("limits", "file"), source, "[limits] file"),
         source=source,
+        memory=_memory(value("limits", "memory"), source),
+        tasks=_tasks(value("limits", "tasks"), source),
+        cpu=_cpu(data.get("limits", {}).get("cpu", base["limits"].get("cpu")), source),
     )
+
+
+MIN_TASKS = 16  # the sandbox itself takes a few: the joining shell, bwrap, its init
+
+
+def _memory(value, source: str) -> str:
+    """`[limits] memory`: a size, or a share of this machine's memory ("25%")."""
+    if isinstance(value, str) and value.endswith("%"):
+        if value[:-1].isdigit() and 0 < int(value[:-1]) <= 100:
+            return value
+        raise LinkRunError(f"{source}: [limits] memory {value!r} is not a share of the memory",
+                           'write a size such as "4G", or a share from "1%" to "100%"')
+    _size(value, source, "[limits] memory")
+    return str(value)
+
+
+def _tasks(value, source: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= MIN_TASKS:
+        return value
+    raise LinkRunError(f"{source}: [limits] tasks = {value!r} is not a whole number of at least {MIN_TASKS}",
+                       "write the most processes and threads a call may have at once, such as 1024")
+
+
+def _cpu(value, source: str) -> int | None:
+    """`[limits] cpu`: a cap in percent of one core, as top counts ("200%": two cores' worth)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit() and int(value[:-1]) > 0:
+        return int(value[:-1])
+    raise LinkRunError(f"{source}: [limits] cpu = {value!r} is not a percentage of one core",
+                       'write such as "200%" (two cores\' worth) or "50%" (half of one)')
+
+
+def call_limits(settings: SandboxFile, host: Host) -> Limits:
+    """The sandbox file's per-call limits, resolved against this machine."""
+    memory = settings.memory
+    if memory.endswith("%"):
+        size = host.memory_total * int(memory[:-1]) // 100
+    else:
+        size = parse_size("[limits] memory", memory)
+    spare = int(defaults()["limits"]["cpu_spare_cores"])
+    cpu = settings.cpu if settings.cpu is not None else max(1, host.cpus - spare) * 100
+    return Limits(memory=size, tasks=settings.tasks, cpu=cpu)
 
 
 def load(path: str | None) -> SandboxFile:
@@ -182,6 +232,8 @@ class Host:
     nproc: int  # --nproc: the uid's current count of tasks plus a wide margin
     fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
     proc_read_only: tuple[str, ...] = ("/proc/sys",)  # the kernel's writable files in /proc, bound read-only
+    memory_total: int = 0  # bytes of memory this machine has
+    cpus: int = 1  # the cores this process may run on
 
 
 def find_system(name: str) -> str | None:
@@ -214,7 +266,17 @@ def host_facts() -> Host:
         nproc=nproc_limit(int(defaults()["limits"]["nproc_margin"])),
         fsize_max=_hard_limit(resource.RLIMIT_FSIZE),
         proc_read_only=kernel_files_of_proc(),
+        memory_total=memory_total(),
+        cpus=len(os.sched_getaffinity(0)),
     )
+
+
+def memory_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def kernel_files_of_proc(proc: str = "/proc") -> tuple[str, ...]:

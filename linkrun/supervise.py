@@ -26,6 +26,7 @@ from . import records
 from .child import boottime, kill_group, signal_name
 from .errors import LinkRunError
 from .group import Leader, Stage, Watch, grow_pipe
+from .cgroups import Limits
 from .launch import Launch, Sandbox, prepare
 from .outfile import OutputFile
 
@@ -162,6 +163,8 @@ class Supervisor:
             self.spawn_gate()
         except Exception as problem:  # OSError, or a link planted on its folders since start
             self.log(f"nothing ran: {problem}")
+            if self.launch is not None:
+                self.launch.close()  # and its cgroup, which nothing joined
             return self.finish("failed to start", None, None)
 
         # 4. The record names the group before anything runs.
@@ -169,6 +172,7 @@ class Supervisor:
             state="running", group=self.gate.pid, leader_pid=self.gate.pid,
             leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
             inode=self.output.inode, kept_from=0, bytes=0,
+            cgroup=self.leader.cgroup.as_record() if self.leader.cgroup is not None else None,
         )
         self.save(record)  # on a full state folder, the program waits for room to record it
         if os.path.exists(self.stop_path):
@@ -176,6 +180,7 @@ class Supervisor:
             self.gate.wait()
             self.leader.close()
             self.launch.close()
+            self.end_cgroup()
             return self.finish(self.stop_state(), None, None)
         os.write(self.control, b"G")
         os.close(self.control)
@@ -198,6 +203,7 @@ class Supervisor:
             self.log("failed while it ran; killing its group:\n" + traceback.format_exc())
             self.leader.kill()  # done already if the watch itself failed
             self.gate.wait()
+            self.end_cgroup()
             return self.finish("lost", None, None)
 
     # -- step 2 ---------------------------------------------------------------
@@ -244,7 +250,7 @@ class Supervisor:
 
         record = self.record
         box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
-                      record.get("seccomp"))
+                      record.get("seccomp"), Limits.of_record(record.get("limits")))
         files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
@@ -267,11 +273,13 @@ class Supervisor:
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
         environment = "keep" if self.launch.env is None else "clear"  # see gate.py
         try:
-            self.gate = subprocess.Popen(
-                [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment, *self.launch.argv],
-                stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *self.launch.fds),
-                cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=self.launch.env,
-            )
+            with self.launch.spawning():  # born in the command's cgroup, where it has one
+                self.gate = subprocess.Popen(
+                    [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment,
+                     *self.launch.argv],
+                    stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *self.launch.fds),
+                    cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=self.launch.env,
+                )
         finally:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)
@@ -280,6 +288,7 @@ class Supervisor:
                 os.close(stdin)
                 os.unlink(input_path)  # fed: the gate holds it open now
         self.leader = Leader(self.gate)
+        self.leader.cgroup = self.launch.take_group()
 
     # -- steps 5 to 8: one loop -----------------------------------------------
 
@@ -290,6 +299,7 @@ class Supervisor:
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
         watch.run(self.look_for_a_stop)
         self.gate.wait()
+        self.end_cgroup()
         self.launch.close()
         os.close(self.out_r)
         self.output.finish()
@@ -297,6 +307,13 @@ class Supervisor:
         if ending is None and self.signalled is not None:
             ending = "lost"
         return self.finish(ending or "exited", watch.exit, watch.signal)
+
+    def end_cgroup(self) -> None:
+        """Which limit bit, for the record; then the group goes, with whatever is left in it."""
+        group = self.leader.cgroup
+        if group is not None:
+            self.record["limit"] = group.limit_hit()
+            group.remove()
 
     def look_for_a_stop(self, watch: Watch) -> float | None:
         """At each wake: the agent's service stopping (a signal), or a stop file (step 8)."""

@@ -225,6 +225,19 @@ def kill_if_own(record: dict) -> None:
             log(f"{record['id']}: killed its sandbox's init, {init}")
         except ProcessLookupError:
             pass
+    end_cgroup(record)
+
+
+def end_cgroup(record: dict) -> None:
+    """Its cgroup, as a whole: whatever is left in it, and the group itself."""
+    if record.get("cgroup"):
+        from .cgroups import Group
+
+        group = Group.of_record(record["cgroup"])
+        left = group.members()
+        record["limit"] = group.limit_hit()
+        removed = group.remove()
+        log(f"{record['id']}: ended its cgroup ({len(left)} left in it){'' if removed else ', which stays busy'}")
 
 
 def last_sign_of_life(state: str, record: dict) -> float:

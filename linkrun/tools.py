@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from . import runner
 from .capture import Capture
+from .cgroups import Limits
 from .launch import Launch, Sandbox, prepare, program_argv
 from .child import signal_name
 from .config import Serve, format_duration
@@ -135,8 +136,11 @@ _COMMAND_OUTPUT = {
         "seconds": {"type": "number"},
         "output": {"type": "string", "description": f"What it printed on its output: {_SHOWN}."},
         "errors": {"type": "string", "description": f"What it printed on its errors: {_SHOWN}."},
+        "limit": nullable("string", 'The limit that bit: "memory" when its out-of-memory killer killed, '
+                          '"tasks" when a fork was refused at its task limit, else null.'),
     },
-    "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors"],
+    "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors",
+                 "limit"],
 }
 _IGNORED = {
     "type": "array",
@@ -155,7 +159,7 @@ class Tools:
         self._files_fd = None
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
                                os.path.join(settings.state, "proxy") if settings.proxy and settings.state else None,
-                               settings.seccomp)
+                               settings.seccomp, settings.limits)
         self.table: dict[str, dict] = {}
         self.background = None
         self.proxy = None
@@ -416,6 +420,8 @@ class Tools:
 
     def _command_text(self, request: runner.Request, outcome: runner.Outcome) -> str:
         lines = [_ending(outcome, request.timeout, "start" in self.table)]
+        if outcome.limit is not None:
+            lines.append(limit_text(outcome.limit, self.settings.limits))
         lines += _stream_text("output", outcome.output)
         lines += _stream_text("errors", outcome.errors)
         if self.settings.write and _refused_write(outcome):
@@ -442,6 +448,10 @@ def _list_text(entries: list[dict]) -> str:
             how += f" (exit {e['exit']})"
         elif e["signal"]:
             how += f" ({e['signal']})"
+        if e.get("limit") == "memory":
+            how += ", killed at its memory limit"
+        elif e.get("limit") == "tasks":
+            how += ", a fork refused at its task limit"
         command = " ".join([e["program"], *e["args"]])
         lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
                      f"told: {e['told']}\n  {command}  (in {e['folder']})")
@@ -523,4 +533,14 @@ def _command_structured(outcome: runner.Outcome) -> dict:
         "seconds": outcome.seconds,
         "output": _shown(outcome.output),
         "errors": _shown(outcome.errors),
+        "limit": outcome.limit,
     }
+
+
+def limit_text(limit: str, limits: Limits | None) -> str:
+    """The limit that bit, in words, for a call's answer and a background command's list."""
+    if limit == "memory":
+        size = f" of {_describe_size(limits.memory)}" if limits is not None and limits.memory else ""
+        return f"[it reached its memory limit{size}: the out-of-memory killer killed it]"
+    count = f" of {limits.tasks}" if limits is not None and limits.tasks else ""
+    return f"[it reached its limit{count} tasks: a fork or a new thread was refused]"

@@ -138,7 +138,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     assert settings is not None
 
     keyring = os.path.abspath(str(flags.get("--keyring") or agent_folder.default_keyring(environ)))
-    fixed, kept, _ = sandbox.build(folder, settings, environ, keyring)
+    fixed, kept, host = sandbox.build(folder, settings, environ, keyring)
     write = sandbox.write_folders(settings)
     filter_path = seccomp.for_agent(folder.state)
     pending = doctor.start_probe(fixed, folder, write, filter_path)
@@ -168,6 +168,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
         serve += ["--write", folder_]
     if filter_path:
         serve += ["--seccomp", filter_path]
+    serve += ["--limits", sandbox.call_limits(settings, host).flag()]
     if way_in or flags.get("--no-way-in") or settings.hosts:
         serve += ["--state", folder.state]
     if settings.hosts:
@@ -182,7 +183,9 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     works, _ = doctor.scope_works()
     if works:
         limits = sandbox.defaults()["limits"]
+        # Delegate=yes: serve may make a cgroup for each call inside its scope.
         serve = [sandbox.find_system("systemd-run") or "systemd-run", "--user", "--scope", "--quiet", "--collect",
+                 "-p", "Delegate=yes",
                  "-p", f"MemoryMax={limits['scope_memory']}", "-p", f"TasksMax={limits['scope_tasks']}",
                  "--description", f"Link Run agent {os.path.basename(folder.root)}", "--"] + serve
     return serve, pending

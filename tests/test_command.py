@@ -24,7 +24,7 @@ def test_a_program_runs_and_its_ending_and_streams_are_answered(server):
     assert "errors (5 bytes):\noops" in text
     assert result["structuredContent"] | {"seconds": 0} == {
         "exit": 3, "signal": None, "timed_out": False, "output_bytes": 6, "errors_bytes": 5, "seconds": 0,
-        "output": "hello", "errors": "oops",
+        "output": "hello", "errors": "oops", "limit": None,
     }
 
 

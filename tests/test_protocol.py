@@ -33,7 +33,7 @@ LEGACY_VERSIONS = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
 VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
-RUN_FIELDS = {"exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors"}
+RUN_FIELDS = {"exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors", "limit"}
 # The first line of a command's text: how it ended, and how long it took.
 ENDING = re.compile(r"^exit (\d+) · \d+\.\d\d s")
 # Error codes the 2026-07-28 spec defines inside its reserved -32020…-32099 band.

@@ -471,6 +471,39 @@ def sandbox(files: str):
         f"minimal bwrap (--ro-bind / / --unshare-all --dev --proc): {median_ms(least):.2f} ms; "
         f"the fixed argv's /bin/true: {median_ms(bare) / median_ms(least):.2f}×")
     server.close()
+    limits_cost(files)
+
+
+def limits_cost(files: str):
+    """What joining a cgroup costs a call: the same call through serve with
+    --limits and without, interleaved in one run (a pass-through sandbox, so
+    that the difference is the group alone: made, joined by the small sh,
+    removed)."""
+    from linkrun import cgroups
+
+    place = cgroups.find()
+    if not place.folders:
+        row("a call joining its cgroup", "not run", "", f"no cgroup here: {'; '.join(place.missing.values())}")
+        return
+    plain_argv = serve_argv(files)
+    limited_argv = plain_argv[:-2] + ["--limits", "memory=1G,tasks=256,cpu=100%"] + plain_argv[-2:]
+    servers = [Server(plain_argv), Server(limited_argv)]
+    for server in servers:
+        server.send(INIT)
+        server.wait(0)
+    samples: list[list[float]] = [[], []]
+    for index in range(1, 201):
+        for server, times in zip(servers, samples, strict=True):
+            t = time.perf_counter()
+            server.call(index, {"program": "true"})
+            server.wait(index)
+            times.append(time.perf_counter() - t)
+    plain, limited = (median_ms(times) for times in samples)
+    row(f"a call joining its cgroup (v{place.version}: {', '.join(place.folders)})",
+        f"+{limited - plain:.2f} ms", "target well under 1 ms",
+        f"`true` with limits: {limited:.2f} ms; without: {plain:.2f} ms")
+    for server in servers:
+        server.close()
 
 
 def proxy_group(files: str):

@@ -1,0 +1,415 @@
+"""Per-call limits: each call, and each background command, in a cgroup of its own.
+
+A group is made for one launch under this process's own group (serve's, or
+a supervisor's, which is serve's), never at a hierarchy's root itself, and
+holds the call's limits: memory, tasks and a CPU cap. The call joins it
+before bwrap runs, so everything the call starts is in it and nothing of
+serve's is: in v1 the spawning thread joins the group for the spawn and
+leaves it (`Group.spawning`); in v2, which groups whole processes, a small
+`sh` in front of the argv joins it (launch.py). The group ends the call as a
+whole (`cgroup.kill` in v2; every member in v1), says which limit bit, and
+is removed once its members are gone.
+
+Where a group can be made:
+  - cgroup v2, where our own group offers the controllers and we may write
+    it: a delegated subtree (`systemd-run --user --scope -p Delegate=yes`),
+    or root. A v2 group with processes cannot hand controllers to its
+    children, so serve first moves itself into a leaf of its own (`LEAF`),
+    as systemd's delegation documents; a supervisor, born in that leaf,
+    makes its groups beside it.
+  - cgroup v1, for each controller, where we may make a group in ours: root,
+    or a subtree root made and handed to this user.
+
+Only the standard library: the supervisor imports this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# Each limit and the controller that holds it.
+CONTROLLERS = {"memory": "memory", "tasks": "pids", "cpu": "cpu"}
+LEAF = "lnk-serve"  # v2: where serve moves itself so that its group may have children with controllers
+CPU_PERIOD = 100_000  # microseconds
+_counter = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A call's limits; None: not limited."""
+
+    memory: int | None = None  # bytes
+    tasks: int | None = None
+    cpu: int | None = None  # percent of one core (200: two cores' worth)
+
+    def controllers(self) -> tuple[str, ...]:
+        return tuple(CONTROLLERS[name] for name in CONTROLLERS if getattr(self, name) is not None)
+
+    def flag(self) -> str:
+        """serve's --limits value: `memory=<bytes>,tasks=<n>,cpu=<n>%`."""
+        parts = [f"memory={self.memory}" if self.memory is not None else "",
+                 f"tasks={self.tasks}" if self.tasks is not None else "",
+                 f"cpu={self.cpu}%" if self.cpu is not None else ""]
+        return ",".join(part for part in parts if part)
+
+    def as_record(self) -> dict:
+        return {"memory": self.memory, "tasks": self.tasks, "cpu": self.cpu}
+
+    @classmethod
+    def of_record(cls, value: dict | None) -> Limits | None:
+        return cls(**value) if value else None
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this process may make groups: the folder for each controller it
+    can have, and why it cannot have the others."""
+
+    version: int  # 2 or 1; 0 when none can be had
+    folders: dict[str, str]  # controller -> the folder groups are made in
+    missing: dict[str, str]  # controller -> why it cannot be had here
+    leaf: str | None = None  # v2: the leaf serve moves into before it makes the first group
+
+    def holds(self, limits: Limits) -> tuple[str, ...]:
+        """The controllers of `limits` that hold here."""
+        return tuple(c for c in limits.controllers() if c in self.folders)
+
+
+# -- where -------------------------------------------------------------------
+
+
+def _unescape(path: str) -> str:
+    return path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[str | None, dict[str, tuple[str, str]]]:
+    """The v2 mount point, and each v1 controller's (mount point, mount root)."""
+    v2, v1 = None, {}
+    with open(mountinfo) as f:
+        for line in f:
+            before, _, after = line.partition(" - ")
+            fields, tail = before.split(), after.split()
+            if len(fields) < 5 or len(tail) < 3:
+                continue
+            root, point = _unescape(fields[3]), _unescape(fields[4])
+            if tail[0] == "cgroup2" and v2 is None and root == "/":
+                v2 = point
+            elif tail[0] == "cgroup":
+                for option in tail[2].split(","):
+                    v1.setdefault(option, (point, root))
+    return v2, v1
+
+
+def own_groups(cgroup: str = "/proc/self/cgroup") -> tuple[str | None, dict[str, str]]:
+    """Our own v2 group, and our own group in each v1 controller's hierarchy."""
+    v2, v1 = None, {}
+    with open(cgroup) as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if not controllers:
+                v2 = path
+            for controller in controllers.split(","):
+                if controller:
+                    v1[controller] = path
+    return v2, v1
+
+
+def _below(point: str, root: str, path: str) -> str | None:
+    """The folder of group `path` in a mount of the hierarchy's `root` at `point`; None if not shown."""
+    if root != "/" and path != root and not path.startswith(root.rstrip("/") + "/"):
+        return None
+    relative = os.path.relpath(path, root)
+    return point if relative == "." else os.path.join(point, relative)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+@functools.cache
+def place() -> Place:
+    """Where this process makes its groups (read once: serve and supervisors never move but into LEAF)."""
+    return find()
+
+
+def find(wanted: tuple[str, ...] = tuple(CONTROLLERS.values())) -> Place:
+    """Look, change nothing: v2 when our own group there offers every wanted
+    controller and may be written; else v1, controller by controller."""
+    v2_point, v1_mounts = mounts()
+    v2_path, v1_paths = own_groups()
+    why_v2 = "no cgroup v2 hierarchy is mounted"
+    if v2_point is not None and v2_path is not None:
+        own = os.path.normpath(v2_point + v2_path)
+        leaf = None
+        if os.path.basename(own) == LEAF:  # a supervisor, born in serve's leaf
+            own = os.path.dirname(own)
+        offered = _read(os.path.join(own, "cgroup.controllers")).split()
+        enabled = _read(os.path.join(own, "cgroup.subtree_control")).split()
+        if v2_path == "/" and not set(wanted) <= set(enabled):
+            why_v2 = "this process is at the root of cgroup v2, where it makes no group of its own"
+        elif not set(wanted) <= set(offered):
+            lacking = [c for c in wanted if c not in offered]
+            why_v2 = (f"its cgroup v2 group offers no {', '.join(lacking)} controller "
+                      "(not delegated to it, or bound to cgroup v1)")
+        elif not (os.access(own, os.W_OK) and os.access(os.path.join(own, "cgroup.subtree_control"), os.W_OK)):
+            why_v2 = "its cgroup v2 group was not delegated to this user"
+        else:
+            if not set(wanted) <= set(enabled):
+                leaf = os.path.join(own, LEAF)
+            return Place(2, {c: own for c in wanted}, {}, leaf)
+    folders, missing = {}, {}
+    for controller in wanted:
+        if controller not in v1_mounts or controller not in v1_paths:
+            missing[controller] = f"no cgroup v1 {controller} controller is mounted, and {why_v2}"
+            continue
+        point, root = v1_mounts[controller]
+        own = _below(point, root, v1_paths[controller])
+        if own is None:
+            missing[controller] = f"its cgroup v1 {controller} group is not shown here (a container), and {why_v2}"
+        elif not os.access(own, os.W_OK):
+            missing[controller] = (f"its cgroup v1 {controller} group ({own}) is writable only by root, "
+                                   f"and {why_v2}")
+        else:
+            folders[controller] = own
+    return Place(1 if folders else 0, folders, missing)
+
+
+def _enter_leaf(leaf: str) -> None:
+    """v2: move this process (and whoever shares its group) into LEAF, then
+    let the group hand its controllers to its children."""
+    own = os.path.dirname(leaf)
+    os.makedirs(leaf, exist_ok=True)
+    _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+    controllers = " ".join(f"+{c}" for c in CONTROLLERS.values())
+    try:
+        _write(os.path.join(own, "cgroup.subtree_control"), controllers)
+    except OSError:  # EBUSY: others share our group; they move with us
+        for pid in _read(os.path.join(own, "cgroup.procs")).split():
+            try:
+                _write(os.path.join(leaf, "cgroup.procs"), pid)
+            except OSError:
+                pass  # ended meanwhile
+        _write(os.path.join(own, "cgroup.subtree_control"), controllers)
+
+
+_leaf_lock = threading.Lock()
+_in_leaf: set[str] = set()
+
+
+# -- a group -------------------------------------------------------------------
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+@dataclass(eq=False)  # each group is itself: held in sets by identity
+class Group:
+    """One call's group: a folder in each hierarchy it joins (one in v2)."""
+
+    version: int
+    folders: tuple[str, ...]
+    limits: Limits
+
+    @property
+    def procs(self) -> list[str]:
+        """The files the call writes its pid to, to join."""
+        return [os.path.join(folder, "cgroup.procs") for folder in self.folders]
+
+    def as_record(self) -> dict:
+        return {"version": self.version, "folders": list(self.folders)}
+
+    @classmethod
+    def of_record(cls, value: dict) -> Group:
+        return cls(int(value["version"]), tuple(value["folders"]), Limits())
+
+    def limit_hit(self) -> str | None:
+        """"memory" when its out-of-memory killer killed in it, "tasks" when a
+        fork was refused at its task limit, else None."""
+        for folder in self.folders:
+            if self.version == 2:
+                if _count(folder, "memory.events", "oom_kill") or _count(folder, "memory.events", "oom_group_kill"):
+                    return "memory"
+            elif _count(folder, "memory.oom_control", "oom_kill"):
+                return "memory"
+        for folder in self.folders:
+            if _count(folder, "pids.events", "max"):
+                return "tasks"
+        return None
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        """v1: this thread joins the group while it spawns, so that the child is
+        born in it (a fork takes its thread's groups), then goes back to its
+        own: no exec on the way. v1 groups its tasks by thread; v2 does not."""
+        tid = str(threading.get_native_id())
+        joined: list[str] = []
+        try:
+            for folder in self.folders:
+                _write(os.path.join(folder, "tasks"), tid)
+                joined.append(folder)
+            yield
+        finally:
+            for folder in joined:
+                _write(os.path.join(os.path.dirname(folder), "tasks"), tid)  # our own group: the parent
+
+    def members(self) -> list[int]:
+        pids: set[int] = set()
+        for folder in self.folders:
+            pids.update(int(pid) for pid in _read(os.path.join(folder, "cgroup.procs")).split())
+        return sorted(pids)
+
+    def kill(self) -> None:
+        """SIGKILL to every member: at once in v2, member by member in v1 (each
+        held by a pidfd and checked to be ours still, so a reused pid is spared)."""
+        if self.version == 2:
+            try:
+                _write(os.path.join(self.folders[0], "cgroup.kill"), "1")
+                return
+            except OSError:
+                pass  # before Linux 5.14: one by one
+        for _ in range(64):  # a member forking meanwhile is caught on the next round
+            pids = self.members()
+            if not pids:
+                return
+            for pid in pids:
+                _kill_member(pid, self.folders)
+
+    def remove(self, wait: float = 5.0) -> bool:
+        """Kill what is left, then remove each folder once its members are gone
+        (they take a few milliseconds to leave after SIGKILL)."""
+        deadline = time.monotonic() + wait
+        left = list(self.folders)
+        while True:
+            self.kill()
+            for folder in list(left):
+                try:
+                    os.rmdir(folder)
+                    left.remove(folder)
+                except FileNotFoundError:
+                    left.remove(folder)
+                except OSError:
+                    pass  # busy: members still leaving
+            if not left or time.monotonic() >= deadline:
+                return not left
+            time.sleep(0.002)
+
+
+def _count(folder: str, name: str, key: str) -> int:
+    for line in _read(os.path.join(folder, name)).splitlines():
+        field, _, value = line.partition(" ")
+        if field == key:
+            return int(value)
+    return 0
+
+
+def _kill_member(pid: int, folders: tuple[str, ...]) -> None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone already
+    try:
+        name = "/" + os.path.basename(folders[0])  # the same in each hierarchy, and ours alone
+        if any(line.endswith(name) for line in _read(f"/proc/{pid}/cgroup").splitlines()):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
+def make(limits: Limits, name: str | None = None, where: Place | None = None) -> Group | None:
+    """A new group with `limits`, in each hierarchy that holds one of them; None
+    when none holds here. Raises OSError when a group cannot be made or
+    limited (nothing is left then)."""
+    where = where if where is not None else place()
+    controllers = where.holds(limits)
+    if not controllers:
+        return None
+    if where.leaf is not None and where.leaf not in _in_leaf:
+        with _leaf_lock:
+            if where.leaf not in _in_leaf:
+                _enter_leaf(where.leaf)
+                _in_leaf.add(where.leaf)
+    name = name or f"lnk-{os.getpid()}-{next(_counter)}"
+    parents = list(dict.fromkeys(where.folders[c] for c in controllers))
+    for parent in parents:
+        if parent not in _swept:
+            _swept.add(parent)
+            end_orphans(parent, where.version)
+    group = Group(where.version, (), limits)
+    try:
+        for parent in parents:
+            folder = os.path.join(parent, name)
+            os.mkdir(folder, 0o755)
+            group.folders += (folder,)
+        for controller in controllers:
+            folder = os.path.join(where.folders[controller], name)
+            for file, value in _settings(where.version, controller, limits, folder):
+                _write(os.path.join(folder, file), value)
+    except BaseException:
+        group.remove(wait=1.0)
+        raise
+    return group
+
+
+_swept: set[str] = set()
+_OURS = re.compile(r"lnk-(\d+)-\d+")
+
+
+def end_orphans(parent: str, version: int) -> int:
+    """End the groups a process that is gone made here (a serve killed
+    outright while a call ran: its call's sandbox may live on in the group),
+    and remove them. Once per process and folder, at its first group."""
+    ended = 0
+    for name in os.listdir(parent):
+        match = _OURS.fullmatch(name)
+        if match and not _alive(int(match[1])):
+            Group(version, (os.path.join(parent, name),), Limits()).remove(wait=0.5)
+            ended += 1
+    return ended
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: alive
+    return True
+
+
+def _settings(version: int, controller: str, limits: Limits, folder: str) -> list[tuple[str, str]]:
+    if controller == "memory":
+        memory = str(limits.memory)
+        if version == 2:
+            extra = [("memory.swap.max", "0")] if os.path.exists(os.path.join(folder, "memory.swap.max")) else []
+            return [("memory.max", memory), ("memory.oom.group", "1")] + extra
+        # memory+swap as well where swap is counted, so that a limit is not swap's to stretch
+        extra = ([("memory.memsw.limit_in_bytes", memory)]
+                 if os.path.exists(os.path.join(folder, "memory.memsw.limit_in_bytes")) else [])
+        return [("memory.limit_in_bytes", memory)] + extra
+    if controller == "pids":
+        return [("pids.max", str(limits.tasks))]
+    quota = max(1000, limits.cpu * CPU_PERIOD // 100)
+    if version == 2:
+        return [("cpu.max", f"{quota} {CPU_PERIOD}")]
+    return [("cpu.cfs_period_us", str(CPU_PERIOD)), ("cpu.cfs_quota_us", str(quota))]

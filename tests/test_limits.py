@@ -1,0 +1,417 @@
+"""Per-call limits (DESIGN.md §6): each call, and each background command, in
+a cgroup of its own with `[limits] memory`, `tasks` and `cpu`, said in the
+answer when one bites. Real `up`, real bubblewrap, real cgroups, real
+programs.
+
+A test needing a controller skips where this machine cannot give it (as
+root: cgroup v1, or a cgroup v2 group that offers it), unless
+LNK_REQUIRE_SANDBOX=1 makes that a failure. The cgroup v2 path is run as far
+as a machine whose v2 hierarchy has no controllers lets it: join, kill as a
+whole, remove.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import (PASS_THROUGH, RawServer, clean_env, require_sandbox, serve_argv, text_of,
+                      wait_for)
+from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, initialize, kill_tagged, processes_with,
+                        running_as_root, stop_background, up_command)
+
+from linkrun import cgroups, config, sandbox, wayin
+from linkrun.errors import LinkRunError, UsageError
+from linkrun.launch import JOIN, Sandbox, prepare
+
+MIB = 1024 * 1024
+HOG = """
+import sys
+chunks = []
+for _ in range(int(sys.argv[1])):  # bounded: never more than the test allows, limit or not
+    chunk = bytearray(1 << 20)
+    chunk[::4096] = b"x" * 256  # touched, so that it counts
+    chunks.append(chunk)
+print("allocated", len(chunks), "MiB")
+"""
+FLOOD = ("i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done 2>/dev/null; "
+         "echo started; kill $(jobs -p) 2>/dev/null; exit 0")
+SPIN = """
+import os, time
+start = time.monotonic()
+while time.monotonic() - start < float(os.sys.argv[1]):
+    pass
+t = os.times()
+print(t.user + t.system, time.monotonic() - start)
+"""
+
+
+def linger(tag: str) -> str:
+    """A shell command that lingers with `tag` on its command line."""
+    return f"sh -c 'sleep 300; :' {tag}"
+
+
+def require_controllers(*controllers: str) -> cgroups.Place:
+    """Skip unless this machine gives each controller, or fail with LNK_REQUIRE_SANDBOX=1."""
+    require_sandbox()
+    where = cgroups.find()
+    lacking = [c for c in controllers if c not in where.folders]
+    if lacking:
+        why = "; ".join(where.missing[c] for c in lacking)
+        if os.environ.get("LNK_REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"no cgroup for {', '.join(lacking)} and LNK_REQUIRE_SANDBOX=1: {why}")
+        pytest.skip(f"no cgroup for {', '.join(lacking)}: {why}")
+    return where
+
+
+def start_up(workdir: Path, limits: str, who: str = "root", join: tuple[str, ...] = (),
+             runtime: Path | None = None) -> Up:
+    """`up --no-way-in` for a new agent whose sandbox file has `limits`;
+    `join`: cgroup.procs files it joins first (a subtree handed to it)."""
+    as_tester = who == "user"
+    account = ensure_tester() if as_tester else pwd.getpwuid(os.geteuid())
+    home = account.pw_dir if as_tester else str(workdir / "home")
+    os.makedirs(home, exist_ok=True)
+    sandbox_file = workdir / "sandbox.toml"
+    sandbox_file.write_text(f'[commands]\nallow = ["sh", "python3", "cat", "sleep"]\n[limits]\n{limits}\n')
+    python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester else [sys.executable, "-I"]
+    argv = up_command(python, workdir / "agent", sandbox_file, secrets.token_hex(8))
+    if join:
+        argv = ["/bin/sh", "-c", JOIN, "sh", *join, "--", *argv]
+    env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name}
+    if as_tester:
+        for path in (workdir, sandbox_file):
+            os.chown(path, account.pw_uid, account.pw_gid)
+        server = RawServer(argv, env=env, user=account.pw_uid, group=account.pw_gid, cwd=home)
+    else:
+        server = RawServer(argv, env=env, cwd=home)
+    initialize(server, who)
+    return Up(who, server, workdir / "agent", "", "")
+
+
+@pytest.fixture
+def limited(tmp_path):
+    """Start an `up` as root with the [limits] given; everything of it is ended at the end."""
+    started: list[Up] = []
+
+    def start(limits: str) -> Up:
+        workdir = tmp_path / f"up{len(started)}"
+        workdir.mkdir()
+        up = start_up(workdir, limits)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        kill_tagged(up.tags)
+        up.server.kill()
+        stop_background(up.state)
+
+
+def groups_of(pid: int) -> list[str]:
+    """The call groups this serve made that still exist, in every hierarchy."""
+    prefix = f"lnk-{pid}-"
+    where = cgroups.find()
+    return [os.path.join(folder, name) for folder in set(where.folders.values())
+            for name in os.listdir(folder) if name.startswith(prefix)]
+
+
+def serve_pid(up: Up) -> int:
+    return up.server.process.pid  # up runs serve in its own process
+
+
+# -- the sandbox file, the flag, the argv ------------------------------------------
+
+
+def test_the_limits_of_the_sandbox_file_are_checked_and_resolved_against_the_machine():
+    parsed = sandbox.parse({"limits": {"memory": "25%", "tasks": 64, "cpu": "150%"}}, "f")
+    host = sandbox.Host(bwrap="b", prlimit="p", disable_userns=True, root=(), etc=(), masks=(), nproc=1,
+                        fsize_max=None, memory_total=8 * 1024 * MIB, cpus=4)
+    assert sandbox.call_limits(parsed, host) == cgroups.Limits(2 * 1024 * MIB, 64, 150)
+    assert sandbox.call_limits(sandbox.parse({"limits": {"memory": "4G"}}, "f"), host) == \
+        cgroups.Limits(4 * 1024 * MIB, 1024, 300)  # the defaults: 1024 tasks, every core but one
+    for bad in ({"memory": "0%"}, {"memory": "150%"}, {"memory": "lots"}, {"tasks": 3}, {"tasks": "many"},
+                {"cpu": "2"}, {"cpu": "0%"}, {"cpu": 200}):
+        with pytest.raises(LinkRunError, match=r"\[limits\]"):
+            sandbox.parse({"limits": bad}, "f")
+
+
+def test_serve_takes_its_limits_in_one_flag_and_names_a_bad_one():
+    assert config.parse_limits("--limits", "memory=64M,tasks=32,cpu=50%") == cgroups.Limits(64 * MIB, 32, 50)
+    assert config.parse_limits("--limits", "tasks=32") == cgroups.Limits(tasks=32)
+    assert cgroups.Limits(64 * MIB, 32, 50).flag() == f"memory={64 * MIB},tasks=32,cpu=50%"
+    for bad in ("memory=lots", "tasks=0", "cpu=200", "swap=1G", "tasks=1,tasks=2"):
+        with pytest.raises(UsageError, match="--limits"):
+            config.parse_limits("--limits", bad)
+
+
+def test_a_limited_launch_is_born_in_its_group_and_a_launch_never_spawned_leaves_none():
+    require_controllers("pids")
+    box = Sandbox(("/usr/bin/env",), "/tmp", limits=cgroups.Limits(tasks=64))
+    launch = prepare(box, ["/bin/cat", "/proc/self/cgroup"])
+    group = launch.group
+    assert all(os.path.isdir(folder) for folder in group.folders)
+    if group.version == 2:  # a small sh joins it, then execs the sandbox
+        assert launch.argv[:3] == ["/bin/sh", "-c", JOIN] and launch.argv[4:4 + len(group.procs)] == group.procs
+    else:  # the spawning thread is in it for the spawn: no exec on the way
+        assert launch.argv == ["/usr/bin/env", "--", "/bin/cat", "/proc/self/cgroup"]
+    mine = Path("/proc/thread-self/cgroup").read_text()
+    with launch.spawning():
+        child = subprocess.run(launch.argv, capture_output=True, text=True, check=True)
+    name = "/" + os.path.basename(group.folders[0])
+    assert any(line.endswith(name) for line in child.stdout.splitlines())
+    assert Path("/proc/thread-self/cgroup").read_text() == mine  # the spawning thread is back in its own
+    launch.close()
+    assert not any(os.path.exists(folder) for folder in group.folders)
+    # A launch nobody waits on (an exec, the probe) has no group: nobody would remove it.
+    assert prepare(box, ["/bin/true"], watch_init=False).group is None
+
+
+# -- the limits, biting and not ------------------------------------------------------
+
+
+def test_a_memory_hog_is_killed_at_its_limit_and_said(limited):
+    require_controllers("memory")
+    up = limited('memory = "64M"')
+    result = up.command("python3", "-c", HOG, "256")  # four times the limit, and no more
+    value = result["structuredContent"]
+    assert value["limit"] == "memory", text_of(result)
+    assert "allocated" not in value["output"]
+    assert value["signal"] == "SIGKILL" or value["exit"] == 128 + signal.SIGKILL
+    assert "[it reached its memory limit of 64M: the out-of-memory killer killed it]" in text_of(result)
+
+
+def test_a_fork_flood_stops_at_its_task_limit_also_as_root(limited):
+    require_controllers("pids")
+    assert running_as_root()  # RLIMIT_NPROC binds nothing here: the cgroup alone stops it
+    up = limited("tasks = 32")
+    result = up.command("sh", "-c", FLOOD)
+    value = result["structuredContent"]
+    assert value["limit"] == "tasks", text_of(result)
+    assert "[it reached its limit of 32 tasks: a fork or a new thread was refused]" in text_of(result)
+
+
+def test_a_cpu_spinner_is_held_to_its_share(limited):
+    require_controllers("cpu")
+    up = limited('cpu = "20%"')
+    result = up.command("python3", "-c", SPIN, "1.5")
+    cpu, wall = map(float, result["structuredContent"]["output"].split())
+    # 20% of one core over 1.5 s is 0.3 s; a spinner with a core to itself gets 1.5 s.
+    assert cpu <= 0.2 * wall + 0.15, f"{cpu:.2f} s of CPU in {wall:.2f} s"
+    assert result["structuredContent"]["limit"] is None
+
+
+def test_calls_within_their_limits_are_unchanged_and_nothing_of_them_outlives_them(limited):
+    require_controllers("memory", "pids", "cpu")
+    up = limited('memory = "256M"\ntasks = 64\ncpu = "100%"')
+    result = up.command("sh", "-c", "echo hello; python3 -c 'print(sum(range(10**6)))'; echo oops >&2; exit 3")
+    value = result["structuredContent"]
+    assert (value["exit"], value["output"], value["errors"], value["limit"]) == (3, "hello\n499999500000", "oops", None)
+    tag = up.tag()
+    left = up.command("sh", "-c", f"setsid {linger(tag)} & ({linger(tag)} &) ; echo left")
+    assert left["structuredContent"]["output"] == "left"
+    wait_for(lambda: not processes_with(tag), timeout=10, what="what the call left to die with it")
+    wait_for(lambda: not groups_of(serve_pid(up)), timeout=10, what="the calls' groups to be removed")
+
+
+# -- background commands ---------------------------------------------------------------
+
+
+def record_of(up: Up, command_id: str) -> dict:
+    return orjson.loads((up.state / f"{command_id}.json").read_bytes())
+
+
+def test_a_background_command_runs_in_its_group_and_its_record_list_and_told_message_say_what_bit(limited):
+    require_controllers("memory", "pids")
+    up = limited('memory = "64M"\ntasks = 32')
+    tag = up.tag()
+    running = up.start("sh", "-c", "sleep 300; :", tag)
+    wait_for(lambda: record_of(up, running)["state"] == "running", timeout=30, what="the command to run")
+    group = record_of(up, running)["cgroup"]
+    wait_for(lambda: len(processes_with(tag)) >= 2, timeout=30, what="its program to start")  # the sandbox and it
+    members = cgroups.Group.of_record(group).members()
+    assert set(processes_with(tag)) <= set(members)
+    assert serve_pid(up) not in members and record_of(up, running)["leader_pid"] in members
+    up.stop(running)
+    wait_for(lambda: not processes_with(tag), timeout=10, what="stop to end the command")
+    assert not any(os.path.exists(folder) for folder in group["folders"])
+
+    hog = up.start("python3", "-c", HOG, "256")
+    up.wait_ended(hog)
+    entry = up.server.call("list", {}, meta=META)
+    assert [e["limit"] for e in entry["structuredContent"]["commands"] if e["id"] == hog] == ["memory"]
+    assert "killed at its memory limit" in text_of(entry)
+    record = record_of(up, hog)
+    assert record["limit"] == "memory" and record["limits"]["memory"] == 64 * MIB
+    assert "it reached its memory limit, and the out-of-memory killer killed it" in wayin.told_text(record, b"")
+
+    flood = up.start("sh", "-c", FLOOD)
+    up.wait_ended(flood)
+    assert record_of(up, flood)["limit"] == "tasks"
+
+
+def test_a_sweep_ends_the_group_of_a_killed_supervisor_with_what_left_the_process_group(tmp_path):
+    """Pass-through sandbox: no pid namespace, so only the group finds a process that left its process group."""
+    require_controllers("pids")
+    files = tmp_path / "files"
+    (files / "work").mkdir(parents=True)
+    state = tmp_path / "state"
+    argv = serve_argv(files, "--limits", "tasks=64", "--state", str(state), "--no-way-in", "--background", "2",
+                      "--background-timeout", "1h", "--background-output", "1M", "--background-keep", "1d",
+                      "--background-per-day", "10", "--hops", "4", programs=("sh", "setsid", "sleep"),
+                      sandbox=PASS_THROUGH)
+    server = RawServer(argv, env=clean_env())
+    tag = f"lnk-left-{secrets.token_hex(6)}"
+    try:
+        server.initialize()
+        result = server.call("start", {"program": "sh", "args": ["-c", f"setsid {linger(tag)} & sleep 300"]},
+                             meta=META)
+        command_id = result["structuredContent"]["id"]
+        record_file = state / f"{command_id}.json"
+        wait_for(lambda: orjson.loads(record_file.read_bytes())["state"] == "running", what="the command to run")
+        wait_for(lambda: len(processes_with(tag)) >= 2, timeout=30, what="the command to leave its process group")
+        record = orjson.loads(record_file.read_bytes())
+        with open(f"/proc/{record['leader_pid']}/stat") as f:
+            supervisor = int(f.read().rsplit(")", 1)[1].split()[1])
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(lambda: "lost" in text_of(server.call("list", {}, meta=META)), timeout=30,
+                 what="list to sweep the command lost")
+        wait_for(lambda: not processes_with(tag), timeout=10, what="the sweep to end the command's group")
+        assert not any(os.path.exists(folder) for folder in record["cgroup"]["folders"])
+    finally:
+        kill_tagged([tag])
+        server.kill()
+        stop_background(state)
+
+
+def test_what_a_serve_killed_outright_left_in_a_calls_group_is_ended_by_the_next_serve(files):
+    """serve's SIGKILL leaves a running call unwatched; its group names it, and the next serve ends it."""
+    require_controllers("pids")
+    argv = serve_argv(files, "--limits", "tasks=64", programs=("sh",), sandbox=PASS_THROUGH)
+    tag = f"lnk-left-{secrets.token_hex(6)}"
+    first = RawServer(argv, env=clean_env())
+    try:
+        first.initialize()
+        first.send({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
+                    "params": {"name": "command", "arguments": {"program": "sh",
+                                                                "args": ["-c", f"setsid {linger(tag)} & sleep 300"]}}})
+        wait_for(lambda: len(processes_with(tag)) >= 2, timeout=30, what="the call to leave its process group")
+        first.process.kill()
+        first.kill()
+        assert processes_with(tag), "the call outlived its serve, as it does without a group"
+        second = RawServer(argv, env=clean_env())
+        try:
+            second.initialize()
+            assert second.call("command", {"program": "sh", "args": ["-c", "exit 0"]})["structuredContent"]["exit"] == 0
+            wait_for(lambda: not processes_with(tag), timeout=10, what="the next serve to end the orphaned group")
+            assert not [g for g in groups_of(first.process.pid)]
+        finally:
+            second.kill()
+    finally:
+        kill_tagged([tag])
+
+
+# -- an ordinary user, through a subtree handed to it ---------------------------------
+
+
+def hand_over(place: cgroups.Place, user: pwd.struct_passwd) -> list[str]:
+    """What systemd's delegation does: a group made by root in each hierarchy,
+    owned by the user, with its cgroup.procs (and tasks) the user's to write."""
+    name = f"lnk-test-delegated-{secrets.token_hex(4)}"
+    folders = []
+    for folder in dict.fromkeys(place.folders.values()):
+        made = os.path.join(folder, name)
+        os.mkdir(made)
+        folders.append(made)
+        for path in (made, os.path.join(made, "cgroup.procs"), os.path.join(made, "tasks")):
+            if os.path.exists(path):
+                os.chown(path, user.pw_uid, user.pw_gid)
+    return folders
+
+
+def test_an_ordinary_users_serve_limits_its_calls_through_a_subtree_handed_to_it(readable_runtime):
+    where = require_controllers("memory", "pids", "cpu")
+    if not running_as_root():
+        pytest.skip("handing a subtree over needs root")
+    tester = ensure_tester()
+    delegated = hand_over(where, tester)
+    workdir = Path(tempfile.mkdtemp(prefix="lnk-test-", dir=tester.pw_dir))
+    up = None
+    try:
+        up = start_up(workdir, "tasks = 32", who="user", runtime=readable_runtime,
+                      join=tuple(os.path.join(f, "cgroup.procs") for f in delegated))
+        result = up.command("sh", "-c", FLOOD)
+        assert result["structuredContent"]["limit"] == "tasks", text_of(result)
+        made = [os.path.join(f, name) for f in delegated for name in os.listdir(f) if name.startswith("lnk-")]
+        wait_for(lambda: not [m for m in made if os.path.exists(m)], timeout=10, what="the call's group to go")
+        assert os.stat(f"/proc/{up.server.process.pid}").st_uid == tester.pw_uid
+    finally:
+        if up is not None:
+            up.server.kill()
+            stop_background(up.state)
+        for folder in delegated:
+            wait_for(lambda folder=folder: cgroups.Group(1, (folder,), cgroups.Limits()).remove(wait=0.5),
+                     timeout=10, what="the handed-over group to be removed")
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+
+
+# -- cgroup v2, as far as this machine goes ------------------------------------------
+
+
+def test_a_v2_group_is_joined_killed_as_a_whole_and_removed():
+    """Where v2 has no controllers (they are bound to v1), its groups still
+    hold processes and `cgroup.kill` still ends them all: that much is run."""
+    require_sandbox()
+    v2, _ = cgroups.mounts()
+    own, _ = cgroups.own_groups()
+    if v2 is None or own is None or not os.access(os.path.normpath(v2 + own), os.W_OK):
+        if os.environ.get("LNK_REQUIRE_SANDBOX") == "1" and running_as_root():
+            pytest.fail("no writable cgroup v2 hierarchy as root")
+        pytest.skip("no writable cgroup v2 hierarchy")
+    folder = os.path.join(os.path.normpath(v2 + own), f"lnk-test-v2-{secrets.token_hex(4)}")
+    os.mkdir(folder)
+    group = cgroups.Group(2, (folder,), cgroups.Limits())
+    tag = f"lnk-left-{secrets.token_hex(6)}"
+    try:
+        process = subprocess.Popen(["/bin/sh", "-c", JOIN, "sh", *group.procs, "--",
+                                    "sh", "-c", f"setsid {linger(tag)} & {linger(tag)}"])
+        wait_for(lambda: len(processes_with(tag)) >= 3, timeout=10, what="the shell and both lingerers")
+        assert set(processes_with(tag)) <= set(group.members())
+        group.kill()
+        assert process.wait(timeout=10) == -signal.SIGKILL
+        wait_for(lambda: not processes_with(tag), timeout=10, what="the whole group to die")
+        assert group.limit_hit() is None
+    finally:
+        assert group.remove()
+        kill_tagged([tag])
+    assert not os.path.exists(folder)
+
+
+CHECKS = ("from linkrun import doctor, cgroups; [print(l, w, '->', f) for l, w, f in "
+          "doctor.limit_checks(cgroups.Limits(1 << 30, 64, 150), False, 'no bus')]")
+
+
+def test_doctor_says_which_limits_hold_and_for_an_ordinary_user_which_do_not_and_why(readable_runtime):
+    require_controllers("memory", "pids", "cpu")
+    done = subprocess.run([sys.executable, "-I", "-c", CHECKS], capture_output=True, text=True, check=True)
+    assert done.stdout == "ok per-call limits hold through cgroup v1: memory 1024M, tasks 64, cpu 150% -> \n"
+    if not running_as_root():
+        return
+    tester = ensure_tester()
+    as_user = subprocess.run([str(readable_runtime / "venv" / "bin" / "python"), "-I", "-c", CHECKS],
+                             capture_output=True, text=True, user=tester.pw_uid, group=tester.pw_gid,
+                             extra_groups=[], cwd="/", env=clean_env(HOME=tester.pw_dir), check=True)
+    lines = as_user.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["warn no per-call memory limit", "warn no per-call tasks limit",
+                                                      "warn no per-call cpu limit"]
+    container = os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
+    fix = "this is a container: run the agent on the host" if container else "session that starts systemd --user"
+    assert all("writable only by root" in line and fix in line for line in lines), lines

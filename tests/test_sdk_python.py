@@ -97,7 +97,7 @@ def test_a_call_with_meta_gets_text_and_structured_content_the_client_validated(
             jsonschema.validate(structured, schema)
             assert structured | {"seconds": 0} == {
                 "exit": 0, "signal": None, "timed_out": False, "output_bytes": 9, "errors_bytes": 0, "seconds": 0,
-                "output": "hi there", "errors": ""}
+                "output": "hi there", "errors": "", "limit": None}
 
     anyio.run(main)
 

@@ -41,7 +41,7 @@ class Channel:
         os.set_inheritable(self._out, False)
         os.dup2(2, out_fd)
         self._in = open(in_fd, "rb", buffering=1 << 16, closefd=False)
-        self._arrived = threading.Condition()
+        self._arrived = threading.Condition(threading.RLock())  # re-entrant: see interrupt
         self._incoming: deque[bytes | None] = deque()
         self._eof = False
         self._ready = threading.Condition()
@@ -50,16 +50,17 @@ class Channel:
         self._writing = False
         self._moved_at = time.monotonic()  # when bytes last went out
         self.closed = False  # stdout went away, or we stopped answering
+        self.interrupted = False  # a signal asked us to stop reading
         threading.Thread(target=self._read_ahead, daemon=True, name="stdin").start()
         threading.Thread(target=self._write_queued, daemon=True, name="stdout").start()
 
     def lines(self):
         """Yield each non-blank line without its line ending; over-long ones as None.
-        Ends at stdin's end, or once stdout is gone."""
+        Ends at stdin's end, once stdout is gone, or when interrupted."""
         while True:
             with self._arrived:
-                self._arrived.wait_for(lambda: self._incoming or self._eof or self.closed)
-                if self.closed or not self._incoming:
+                self._arrived.wait_for(lambda: self._incoming or self._eof or self.closed or self.interrupted)
+                if self.closed or self.interrupted or not self._incoming:
                     return
                 line = self._incoming.popleft()
                 self._arrived.notify_all()
@@ -117,6 +118,13 @@ class Channel:
                 if left <= 0:
                     return  # the client reads no more: do not wait on it
                 self._ready.wait(left)
+
+    def interrupt(self) -> None:
+        """Make `lines` end at once. Safe in a signal handler: the lock is
+        re-entrant, so the handler takes it even when it interrupted its holder."""
+        with self._arrived:
+            self.interrupted = True
+            self._arrived.notify_all()
 
     def close(self):
         with self._ready:

@@ -43,10 +43,6 @@ FLUSH_IDLE = 1.0
 KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
 
 
-class _Stop(Exception):
-    """Raised by the signal handler to leave a blocking read of stdin."""
-
-
 def _key(request_id):
     # 1 and "1" are different requests.
     return (type(request_id).__name__, request_id)
@@ -79,11 +75,15 @@ class Session:
     # -- the read loop ----------------------------------------------------
 
     def run(self) -> int:
+        # The handler only records and wakes the read: an exception raised from
+        # it could land anywhere on this thread (inside a `try` that swallows it).
+        stopped = []
+
         def stop(signum, frame):
-            raise _Stop()
+            stopped.append(signum)
+            self.channel.interrupt()
 
         previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-        grace = EOF_GRACE
         try:
             for line in self.channel.lines():
                 if line is None:
@@ -95,12 +95,10 @@ class Session:
                     self.on_first_answer = None
                 if self.channel.closed:
                     break
-        except _Stop:
-            grace = 0.0
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        self.shutdown(grace)
+        self.shutdown(0.0 if stopped else EOF_GRACE)
         return 0
 
     def shutdown(self, grace: float):

@@ -36,37 +36,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .config import CONTROLLERS, Limits  # noqa: F401 - Limits: the type this module enforces
+
 # Each limit and the controller that holds it.
-CONTROLLERS = {"memory": "memory", "tasks": "pids", "cpu": "cpu"}
 LEAF = "lnk-serve"  # v2: where serve moves itself so that its group may have children with controllers
 CPU_PERIOD = 100_000  # microseconds
 _counter = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """A call's limits; None: not limited."""
-
-    memory: int | None = None  # bytes
-    tasks: int | None = None
-    cpu: int | None = None  # percent of one core (200: two cores' worth)
-
-    def controllers(self) -> tuple[str, ...]:
-        return tuple(CONTROLLERS[name] for name in CONTROLLERS if getattr(self, name) is not None)
-
-    def flag(self) -> str:
-        """serve's --limits value: `memory=<bytes>,tasks=<n>,cpu=<n>%`."""
-        parts = [f"memory={self.memory}" if self.memory is not None else "",
-                 f"tasks={self.tasks}" if self.tasks is not None else "",
-                 f"cpu={self.cpu}%" if self.cpu is not None else ""]
-        return ",".join(part for part in parts if part)
-
-    def as_record(self) -> dict:
-        return {"memory": self.memory, "tasks": self.tasks, "cpu": self.cpu}
-
-    @classmethod
-    def of_record(cls, value: dict | None) -> Limits | None:
-        return cls(**value) if value else None
 
 
 @dataclass(frozen=True)

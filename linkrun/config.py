@@ -11,8 +11,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from .cgroups import Limits
 from .errors import UsageError
+
+# A call's limits → the cgroup controller that enforces each (cgroups.py).
+CONTROLLERS = {"memory": "memory", "tasks": "pids", "cpu": "cpu"}
 
 # Matched whole (fullmatch): `$` would let a trailing newline through.
 _DURATION = re.compile(r"(\d+)([smhd]?)")
@@ -78,6 +80,32 @@ def check_way_in(text: str) -> str:
         raise UsageError(f"--way-in: {problem.message}", problem.hint or
                          "give http://127.0.0.1:<port>/<path> or unix:<absolute socket path>") from None
     return text
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A call's limits; None: not limited."""
+
+    memory: int | None = None  # bytes
+    tasks: int | None = None
+    cpu: int | None = None  # percent of one core (200: two cores' worth)
+
+    def controllers(self) -> tuple[str, ...]:
+        return tuple(CONTROLLERS[name] for name in CONTROLLERS if getattr(self, name) is not None)
+
+    def flag(self) -> str:
+        """serve's --limits value: `memory=<bytes>,tasks=<n>,cpu=<n>%`."""
+        parts = [f"memory={self.memory}" if self.memory is not None else "",
+                 f"tasks={self.tasks}" if self.tasks is not None else "",
+                 f"cpu={self.cpu}%" if self.cpu is not None else ""]
+        return ",".join(part for part in parts if part)
+
+    def as_record(self) -> dict:
+        return {"memory": self.memory, "tasks": self.tasks, "cpu": self.cpu}
+
+    @classmethod
+    def of_record(cls, value: dict | None) -> Limits | None:
+        return cls(**value) if value else None
 
 
 @dataclass(frozen=True)

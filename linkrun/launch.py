@@ -37,8 +37,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from . import cgroups
-from .cgroups import Group, Limits
+from .config import Limits
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
+    from .cgroups import Group
 
 INFO_LIMIT = 4096  # bwrap's info is one small JSON object
 
@@ -148,6 +151,8 @@ JOIN = ('while [ "$1" != -- ]; do echo $$ >"$1" || { echo "lnk-link-run: cannot 
 
 def _join_group(launch: Launch, limits: Limits) -> None:
     try:
+        from . import cgroups
+
         launch.group = cgroups.make(limits)
     except OSError as error:
         launch.close()

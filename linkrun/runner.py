@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import beneath, cgroups
+from . import beneath
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
 from .errors import Refused
@@ -98,6 +98,10 @@ def kill_leftovers_now():
     for group in groups:
         group.remove()
 
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # loaded only by a launch with limits
+    from . import cgroups
 
 # Calls' cgroups still being removed, so that shutdown removes them before it exits.
 _groups: set[cgroups.Group] = set()

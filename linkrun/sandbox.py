@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from . import agent as agent_folder
 from . import internet as internet_
-from .cgroups import Limits
+from .config import Limits
 from .config import parse_size, split_flags
 from .errors import LinkRunError, UsageError
 from .group import kill_init

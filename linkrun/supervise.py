@@ -26,7 +26,7 @@ from . import records
 from .child import boottime, kill_group, signal_name
 from .errors import LinkRunError
 from .group import Leader, Stage, Watch, grow_pipe
-from .cgroups import Limits
+from .config import Limits
 from .launch import Launch, Sandbox, prepare
 from .outfile import OutputFile
 

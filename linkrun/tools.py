@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from . import runner
 from .capture import Capture
-from .cgroups import Limits
+from .config import Limits
 from .launch import Launch, Sandbox, prepare, program_argv
 from .child import signal_name
 from .config import Serve, format_duration

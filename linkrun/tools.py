@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 from . import runner
 from .capture import Capture
-from .config import Limits
 from .launch import Launch, Sandbox, prepare, program_argv
 from .child import signal_name
-from .config import Serve, format_duration
+from .config import CONTROLLERS, Limits, Serve, format_duration
 from .errors import LinkRunError, Refused
 from .programs import Programs
 
@@ -185,8 +184,16 @@ class Tools:
         """After the session's first answer: what may wait until then."""
         if self.background is not None:
             self.background.ready.set()
+        if self.settings.limits is not None:
+            threading.Thread(target=self._say_limits_that_do_not_hold, daemon=True, name="limits").start()
         if self.proxy is not None:
             threading.Thread(target=self._proxy_ready, daemon=True, name="proxy").start()
+
+    def _say_limits_that_do_not_hold(self) -> None:
+        from . import cgroups  # not at start: initialize never waits for it
+
+        for line in limit_warnings(self.settings.limits, cgroups.place()):
+            print(f"lnk-link-run serve: {line}", file=sys.stderr, flush=True)
 
     def _proxy_ready(self) -> str | None:
         """Start the agent's proxy if none runs; None, or why the call has no internet."""
@@ -266,6 +273,8 @@ class Tools:
         if s.write:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
                          "the rest is read-only, and chats/ and background/ are never writable.")
+        if s.limits is not None:
+            lines.append(limits_sentence(s.limits))
         if "start" in self.table:
             b = s.background
             if b.way_in is None:
@@ -535,6 +544,28 @@ def _command_structured(outcome: runner.Outcome) -> dict:
         "errors": _shown(outcome.errors),
         "limit": outcome.limit,
     }
+
+
+def limits_sentence(limits: Limits) -> str:
+    """The agent's instructions on its per-call limits, as set (the machine may enforce fewer: serve's log
+    and `doctor` say which)."""
+    parts = []
+    if limits.memory:
+        parts.append(f"{_describe_size(limits.memory)} of memory")
+    if limits.tasks:
+        parts.append(f"{limits.tasks} processes and threads")
+    if limits.cpu:
+        parts.append(f"{limits.cpu / 100:g} cores' worth of CPU")
+    return ("Each call may use at most " + ", ".join(parts) + ": past its memory it is killed, past its "
+            "processes a fork fails, and the answer says which limit bit.")
+
+
+def limit_warnings(limits: Limits, place) -> list[str]:
+    """One line for each limit that this machine cannot hold, with why and what to do."""
+    names = {controller: name for name, controller in CONTROLLERS.items()}
+    return [f"the per-call {names[controller]} limit does not hold here ({place.missing.get(controller, 'no cgroup')}): "
+            "run lnk-link-run doctor for the fix"
+            for controller in limits.controllers() if controller not in place.holds(limits)]
 
 
 def limit_text(limit: str, limits: Limits | None) -> str:

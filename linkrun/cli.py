@@ -20,7 +20,7 @@ COMMANDS = {
     "sweep": ("linkrun.sweep", "main_sweep", "recover background commands after a crash, tell, clean up"),
     "stop": ("linkrun.sweep", "main_stop", "stop an agent's background commands (the agent stopping)"),
     "remove": ("linkrun.sweep", "main_remove", "stop and remove an agent's background commands and state"),
-    "way-in": ("linkrun.wayin", "main_listen", "a stand-in way in that checks and prints told messages"),
+    "way-in": ("linkrun.standin", "main_listen", "a stand-in way in that checks and prints told messages"),
     "proxy": ("linkrun.proxy", "main", "(internal) the agent's internet proxy"),
 }
 
@@ -36,7 +36,7 @@ USAGES: dict[str, tuple[str, str] | str] = {
     "sweep": "lnk-link-run sweep <state> [--way-in ADDR --as ID [--keyring DIR]]",
     "stop": "lnk-link-run stop --state <dir>",
     "remove": "lnk-link-run remove --state <dir>",
-    "way-in": ("linkrun.wayin", "LISTEN_HELP"),
+    "way-in": ("linkrun.standin", "LISTEN_HELP"),
     "proxy": "lnk-link-run proxy --state <dir>",
 }
 HELP = ("-h", "--help")

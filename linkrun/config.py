@@ -11,7 +11,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from .errors import UsageError
+from .address import AGENT_ID, parse_address
+from .errors import LinkRunError, UsageError
+from .units import format_duration  # noqa: F401  (background.py's import, until it takes it from units)
 
 # A call's limits → the cgroup controller that enforces each (cgroups.py).
 CONTROLLERS = {"memory": "memory", "tasks": "pids", "cpu": "cpu"}
@@ -22,7 +24,6 @@ _SIZE = re.compile(r"(\d+)([KMG]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def parse_duration(flag: str, text: str) -> int:
@@ -47,17 +48,6 @@ def parse_count(flag: str, text: str, minimum: int = 0) -> int:
     return int(text)
 
 
-def format_duration(seconds: float) -> str:
-    """The inverse of parse_duration, for texts: 120 → "2m", 90 → "90s"."""
-    if seconds == int(seconds):
-        whole = int(seconds)
-        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-            if whole and whole % size == 0:
-                return f"{whole // size}{unit}"
-        return f"{whole}s"
-    return f"{seconds:.1f}s"
-
-
 def check_relative_folder(flag: str, text: str) -> str:
     """A folder of the files folder: relative, no `.`, `..` or empty component."""
     parts = text.split("/")
@@ -71,9 +61,6 @@ def check_relative_folder(flag: str, text: str) -> str:
 
 def check_way_in(text: str) -> str:
     """The sender's own rules, so that serve never starts with a way in it cannot reach."""
-    from .errors import LinkRunError
-    from .wayin import parse_address
-
     try:
         parse_address(text)
     except LinkRunError as problem:

@@ -17,7 +17,8 @@ import time
 
 from . import records, telling
 from .outfile import measure
-from .config import AGENT_ID, check_way_in, split_flags
+from .address import AGENT_ID
+from .config import check_way_in, split_flags
 from .errors import UsageError
 
 STOP_WAIT = 10.0

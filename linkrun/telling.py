@@ -69,7 +69,7 @@ def tell_once(state: str, record: dict, way_in: WayIn, log):
 
     The caller holds the record's lock.
     """
-    from . import wayin
+    from . import told, wayin
 
     if not way_in.address or not way_in.agent:
         record["told"] = "given up"
@@ -78,8 +78,8 @@ def tell_once(state: str, record: dict, way_in: WayIn, log):
         return _NoWayIn()
     record["told"] = "telling"
     records.write(state, record["id"], record)
-    text = wayin.told_text(record, last_bytes(record))
-    delivery = wayin.send(way_in.address, way_in.agent, way_in.keyring or "", wayin.body(record, text))
+    text = told.told_text(record, last_bytes(record))
+    delivery = wayin.send(way_in.address, way_in.agent, way_in.keyring or "", told.body(record, text))
     if delivery.outcome == "told":
         record.update(told="told", told_at=records.now())
     elif delivery.outcome == "given up":

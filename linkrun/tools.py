@@ -18,9 +18,10 @@ from . import runner
 from .capture import Capture
 from .launch import Launch, Sandbox, prepare, program_argv
 from .child import signal_name
-from .config import CONTROLLERS, Limits, Serve, format_duration
+from .config import CONTROLLERS, Limits, Serve
 from .errors import LinkRunError, Refused
 from .programs import Programs
+from .units import describe_size, format_duration, killed_by_note
 
 
 @dataclass
@@ -82,13 +83,6 @@ def _cut_values(text: str, arguments: dict) -> str:
 def _size(text: str) -> int:
     """Bytes as execve gets them (a lone surrogate counted as the 3 it would take)."""
     return len(text.encode("utf-8", "surrogatepass"))
-
-
-def _describe_size(size: int) -> str:
-    for unit, scale in (("M", 1024**2), ("K", 1024)):
-        if size % scale == 0:
-            return f"{size // scale}{unit}"
-    return f"{size} bytes"
 
 
 _RUN_PROPERTIES = {
@@ -268,7 +262,7 @@ class Tools:
             "and nothing it starts outlives the call: each call starts afresh. Its ports are its own "
             "sandbox's: start a server and its tests in one command (sh -c 'server & tests').",
             f"A call runs for at most {format_duration(s.timeout)}; of its output and of its errors, "
-            f"{_describe_size(s.output)} each are kept, their start and their end.",
+            f"{describe_size(s.output)} each are kept, their start and their end.",
         ]
         if s.write:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
@@ -291,7 +285,7 @@ class Tools:
                 f"For long work (a build, a test suite, a download), start runs a command in the background and "
                 f"answers at once with its id; at most {b.running} run at once, each for at most "
                 f"{format_duration(b.timeout)}, and {b.per_day} may start in a day. Its output, both streams as "
-                f"one, is background/<id>.out in the files folder (the last {_describe_size(b.output)} are kept). "
+                f"one, is background/<id>.out in the files folder (the last {describe_size(b.output)} are kept). "
                 f"list shows this conversation's commands, read gives their output, stop stops one. {told}")
         return "\n".join(lines)
 
@@ -507,12 +501,7 @@ def _ending(outcome: runner.Outcome, timeout: float, can_start: bool) -> str:
         return f"killed by SIGKILL: timed out after {format_duration(timeout)} ({seconds}); {advice}"
     if outcome.signal is not None:
         return f"killed by {signal_name(outcome.signal)} · {seconds}"
-    line = f"exit {outcome.exit} · {seconds}"
-    if outcome.exit is not None and 128 < outcome.exit < 128 + 65:
-        name = signal_name(outcome.exit - 128)
-        if name.startswith("SIG"):
-            line += f" (128+{outcome.exit - 128}: the program may have been killed by {name})"
-    return line
+    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit)
 
 
 def _stream_text(label: str, capture: Capture) -> list[str]:
@@ -551,7 +540,7 @@ def limits_sentence(limits: Limits) -> str:
     and `doctor` say which)."""
     parts = []
     if limits.memory:
-        parts.append(f"{_describe_size(limits.memory)} of memory")
+        parts.append(f"{describe_size(limits.memory)} of memory")
     if limits.tasks:
         parts.append(f"{limits.tasks} processes and threads")
     if limits.cpu:
@@ -571,7 +560,7 @@ def limit_warnings(limits: Limits, place) -> list[str]:
 def limit_text(limit: str, limits: Limits | None) -> str:
     """The limit that bit, in words, for a call's answer and a background command's list."""
     if limit == "memory":
-        size = f" of {_describe_size(limits.memory)}" if limits is not None and limits.memory else ""
+        size = f" of {describe_size(limits.memory)}" if limits is not None and limits.memory else ""
         return f"[it reached its memory limit{size}: the out-of-memory killer killed it]"
     count = f" of {limits.tasks}" if limits is not None and limits.tasks else ""
     return f"[it reached its limit{count} tasks: a fork or a new thread was refused]"

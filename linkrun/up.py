@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 from . import agent as agent_folder
 from . import doctor, internet, sandbox, seccomp
-from .config import AGENT_ID, check_way_in, parse_duration, parse_size, split_flags
+from .address import AGENT_ID, parse_address
+from .config import check_way_in, parse_duration, parse_size, split_flags
 from .errors import LinkRunError, UsageError
 
 USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
@@ -154,9 +155,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
         # Also with no hosts: a proxy still kept by a background command follows the file.
         way_in_port = None
         if way_in:
-            from .wayin import parse_address  # checked above: the way in's port, never reached
-
-            kind, where, _ = parse_address(str(way_in))
+            kind, where, _ = parse_address(str(way_in))  # checked above: the way in's port, never reached
             way_in_port = where if kind == "http" else None
         internet.write_settings(folder.state, list(settings.hosts), route, way_in_port)
 

@@ -19,6 +19,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+# The stand-in way in's fixtures (keyring, short_dir, way_ins), for every test module.
+pytest_plugins = ["standin_helpers"]
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 # What a user's client runs: the interpreter of our venv, isolated.

@@ -17,7 +17,7 @@ import pytest
 from conftest import SERVER, text_of, wait_for
 from test_background import META, background_argv, payload, read, record, start, wait_ended, wait_running
 
-from linkrun import records, wayin
+from linkrun import records, told
 
 LINE = 16  # seq -f '%015.0f' prints 15 digits and a newline
 
@@ -298,7 +298,7 @@ def test_a_lost_command_is_told_the_bytes_its_output_holds(servers, files, fault
     assert done.returncode == 0, done.stderr
     lost = record(state, command_id)
     assert (lost["state"], lost["bytes"], lost["kept_from"]) == ("lost", 3915, 0)
-    assert "printed 3915 bytes" in wayin.told_text(lost, output.read_bytes())
+    assert "printed 3915 bytes" in told.told_text(lost, output.read_bytes())
     entry = server.call("list", {}, meta=META)["structuredContent"]["commands"][0]
     assert entry["bytes"] == 3915
 

@@ -28,7 +28,7 @@ from conftest import (PASS_THROUGH, RawServer, clean_env, require_sandbox, serve
 from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, initialize, kill_tagged, processes_with,
                         running_as_root, stop_background, up_command)
 
-from linkrun import cgroups, config, sandbox, wayin
+from linkrun import cgroups, config, sandbox, told
 from linkrun.errors import LinkRunError, UsageError
 from linkrun.launch import JOIN, Sandbox, prepare
 
@@ -251,7 +251,7 @@ def test_a_background_command_runs_in_its_group_and_its_record_list_and_told_mes
     assert "killed at its memory limit" in text_of(entry)
     record = record_of(up, hog)
     assert record["limit"] == "memory" and record["limits"]["memory"] == 64 * MIB
-    assert "it reached its memory limit, and the out-of-memory killer killed it" in wayin.told_text(record, b"")
+    assert "it reached its memory limit, and the out-of-memory killer killed it" in told.told_text(record, b"")
 
     flood = up.start("sh", "-c", FLOOD)
     up.wait_ended(flood)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVER, clean_env, pid_alive, serve_argv, text_of, wait_for
-from test_wayin import WayIn as StandIn
-from test_wayin import output_block
+from standin_helpers import WayIn as StandIn
+from standin_helpers import output_block
 
 from linkrun import records
 
@@ -22,7 +22,7 @@ AGENT = "test-agent"
 
 
 class WayIn(StandIn):
-    """The stand-in way in of test_wayin, read message by message."""
+    """The stand-in way in of standin_helpers, read message by message."""
 
     def __init__(self, keyring: Path, *flags: str, address: str = "http://127.0.0.1:0/in"):
         super().__init__(keyring, address, *flags)

@@ -1,0 +1,50 @@
+"""Durations, sizes and exit statuses in words, for the tools' texts and the
+told message alike. Of ours it imports only `linkrun.child`, the one signal namer."""
+
+from __future__ import annotations
+
+from .child import signal_name
+
+
+def format_duration(seconds: float) -> str:
+    """The inverse of config.parse_duration, for texts: 120 → "2m", 90 → "90s"."""
+    if seconds == int(seconds):
+        whole = int(seconds)
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if whole and whole % size == 0:
+                return f"{whole // size}{unit}"
+        return f"{whole}s"
+    return f"{seconds:.1f}s"
+
+
+def elapsed(seconds: float) -> str:
+    """How long something ran: 0.42 → "0.42 s"; 125 → "2m 5s"; 3600 → "1h 0m 0s"."""
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    whole = int(round(seconds))
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d"] if days else []
+    if days or hours:
+        parts.append(f"{hours}h")
+    return " ".join([*parts, f"{minutes}m", f"{secs}s"])
+
+
+def describe_size(size: int) -> str:
+    """Bytes for a text: 16384 → "16K", 1048576 → "1M", 1000 → "1000 bytes"."""
+    for unit, scale in (("M", 1024**2), ("K", 1024)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size} bytes"
+
+
+def killed_by_note(status: object) -> str:
+    """For an exit status of 128+N where N names a signal, what a shell's status means:
+    " (128+9: the program may have been killed by SIGKILL)"; else ""."""
+    if not isinstance(status, int) or not 128 < status < 128 + 65:
+        return ""
+    name = signal_name(status - 128)
+    if not name.startswith("SIG"):
+        return ""
+    return f" (128+{status - 128}: the program may have been killed by {name})"

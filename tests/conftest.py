@@ -14,10 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from site_helpers import SiteServer, serve_site
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -210,6 +212,21 @@ def files(tmp_path: Path) -> Path:
     folder = tmp_path / "files"
     (folder / "work").mkdir(parents=True)
     return folder
+
+
+@pytest.fixture
+def site_server() -> Iterator[SiteServer]:
+    """The "internet": a test site on 127.0.0.2, and what it was asked."""
+    server = serve_site("127.0.0.2")
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def site(site_server: SiteServer) -> int:
+    """The test site's port."""
+    return site_server.server_address[1]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVER, pid_alive, require_sandbox, text_of, wait_for
-from test_sandbox import Agent
+from sandbox_helpers import Agent
 
 from linkrun import records
 

@@ -14,10 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from site_helpers import SiteServer, serve_site
 
 # The stand-in way in's fixtures (keyring, short_dir, way_ins), for every test module.
 pytest_plugins = ["standin_helpers"]
@@ -213,6 +215,46 @@ def files(tmp_path: Path) -> Path:
     folder = tmp_path / "files"
     (folder / "work").mkdir(parents=True)
     return folder
+
+
+def stop_what_runs(state: Path) -> None:
+    """Stop every background command still running under `state`, and wait for its supervisor to end."""
+    from linkrun import records  # here, not at the top: conftest loads before every test, most need none
+
+    left = []
+    for command_id in records.ids(str(state)):
+        if records.is_held(str(state), command_id):
+            try:
+                records.write_stop(str(state), command_id, "stopped")
+            except OSError:
+                pass
+            left.append(command_id)
+    for command_id in left:
+        wait_for(lambda command_id=command_id: not records.is_held(str(state), command_id), timeout=20,
+                 what=f"the supervisor of {command_id} to end")
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[Path]:
+    """A state folder for background commands; nothing a test started there may outlive it."""
+    folder = tmp_path / "state"
+    yield folder
+    stop_what_runs(folder)
+
+
+@pytest.fixture
+def site_server() -> Iterator[SiteServer]:
+    """The "internet": a test site on 127.0.0.2, and what it was asked."""
+    server = serve_site("127.0.0.2")
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def site(site_server: SiteServer) -> int:
+    """The test site's port."""
+    return site_server.server_address[1]
 
 
 @pytest.fixture

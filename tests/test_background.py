@@ -12,34 +12,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
 from conftest import pid_alive, serve_argv, text_of, wait_for
 
 from linkrun import records
 
-META = {"link.local/thread": "conversation-1"}
 OTHER = {"link.local/thread": "conversation-2"}
-
-
-def background_argv(files: Path, state: Path, *, running="4", output="16M", per_day="100", hops="4",
-                    timeout="1h", extra=()):
-    return serve_argv(files, "--state", str(state), "--no-way-in", "--background", running,
-                      "--background-timeout", timeout, "--background-output", output,
-                      "--background-keep", "1d", "--background-per-day", per_day, "--hops", hops, *extra)
-
-
-@pytest.fixture
-def state(tmp_path):
-    folder = tmp_path / "state"
-    yield folder
-    # Nothing a test started may outlive it: stop what still runs, and fail if it will not end.
-    left = []
-    for command_id in records.ids(str(folder)):
-        if records.is_held(str(folder), command_id):
-            records.write_stop(str(folder), command_id, "stopped")
-            left.append(command_id)
-    for command_id in left:
-        wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=10,
-                 what=f"the supervisor of {command_id} to end")
 
 
 @pytest.fixture
@@ -47,26 +25,6 @@ def bg(servers, files, state):
     server = servers(background_argv(files, state))
     server.initialize()
     return server
-
-
-def start(server, meta=META, **arguments):
-    result = server.call("start", arguments, meta=meta)
-    assert "isError" not in result, text_of(result)
-    return result["structuredContent"]["id"]
-
-
-def record(state, command_id):
-    return records.load(str(state), command_id)
-
-
-def wait_ended(state, command_id, timeout=10):
-    return wait_for(lambda: (r := record(state, command_id)) and r["state"] not in records.RUNNING_STATES and r,
-                    timeout=timeout, what=f"{command_id} to end")
-
-
-def wait_running(state, command_id):
-    return wait_for(lambda: (r := record(state, command_id)) and r["state"] == "running" and r,
-                    what=f"{command_id} to run")
 
 
 def test_start_answers_at_once_and_the_command_runs_to_its_end(bg, state, files):
@@ -202,12 +160,6 @@ def read_all(server, command_id, meta=META) -> bytes:
     return payload(result["structuredContent"], text_of(result))
 
 
-def payload(value: dict, text: str) -> bytes:
-    """The output bytes of a read's answer: its text's last next - offset bytes."""
-    count = value["next"] - value["offset"]
-    return text.encode()[-count:] if count else b""
-
-
 # -- read --------------------------------------------------------------------------
 
 
@@ -218,12 +170,6 @@ def ended_with(bg, state):
         wait_ended(state, command_id)
         return command_id
     return run
-
-
-def read(bg, **arguments):
-    result = bg.call("read", arguments, meta=META)
-    assert "isError" not in result, text_of(result)
-    return result["structuredContent"], text_of(result)
 
 
 def test_read_without_offset_gives_the_last_output_bytes(bg, ended_with):

@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SERVER, pid_alive, require_sandbox, text_of, wait_for
-from test_sandbox import Agent
+from background_helpers import META, start, wait_record
+from conftest import SERVER, pid_alive, require_sandbox, stop_what_runs, wait_for
+from sandbox_helpers import Agent
 
 from linkrun import records
-
-META = {"link.local/thread": "conversation-1"}
 
 
 @pytest.fixture
@@ -22,13 +21,7 @@ def box(tmp_path):
     require_sandbox()
     agent = Agent(tmp_path)
     yield agent
-    state = str(agent.root / "State")
-    for command_id in records.ids(state):
-        if records.is_held(state, command_id):
-            records.write_stop(state, command_id, "agent stopping")
-    for command_id in records.ids(state):
-        wait_for(lambda command_id=command_id: not records.is_held(state, command_id), timeout=15,
-                 what=f"the supervisor of {command_id} to end")
+    stop_what_runs(agent.root / "State")
 
 
 @pytest.fixture
@@ -38,19 +31,8 @@ def up(box, servers):
     return server
 
 
-def start(server, **arguments) -> str:
-    result = server.call("start", arguments, meta=META)
-    assert "isError" not in result, text_of(result)
-    return result["structuredContent"]["id"]
-
-
 def state_of(box) -> str:
     return str(box.root / "State")
-
-
-def wait_record(box, command_id, condition, what):
-    return wait_for(lambda: (r := records.load(state_of(box), command_id)) and condition(r) and r,
-                    timeout=15, what=what)
 
 
 def program_pid(box, marker: str) -> int:
@@ -77,7 +59,7 @@ def program_pid(box, marker: str) -> int:
 
 def test_a_background_command_runs_in_the_sandbox_and_writes_only_work(up, box):
     command_id = start(up, program="sh", args=["-c", "echo inside > work/out; echo x > chats/no; echo done"])
-    ended = wait_record(box, command_id, lambda r: r["state"] == "exited", "the end")
+    ended = wait_record(state_of(box), command_id, lambda r: r["state"] == "exited", "the end")
     assert (box.files / "work" / "out").read_text() == "inside\n"
     assert not (box.files / "chats" / "no").exists()
     output = (box.files / "background" / f"{command_id}.out").read_bytes()
@@ -87,7 +69,7 @@ def test_a_background_command_runs_in_the_sandbox_and_writes_only_work(up, box):
 
 def test_a_background_command_cannot_write_its_own_output_file(up, box):
     command_id = start(up, program="sh", args=["-c", "echo forged > background/$(ls background | head -1); echo $?"])
-    wait_record(box, command_id, lambda r: r["state"] == "exited", "the end")
+    wait_record(state_of(box), command_id, lambda r: r["state"] == "exited", "the end")
     output = (box.files / "background" / f"{command_id}.out").read_bytes()
     assert b"forged" not in output and b"Read-only file system" in output
 
@@ -95,7 +77,7 @@ def test_a_background_command_cannot_write_its_own_output_file(up, box):
 def test_stop_gives_the_program_its_term_inside_the_sandbox_then_the_rest_dies(up, box):
     command_id = start(up, program="sh", args=["-c", (
         "trap 'echo got term; exit 7' TERM; echo $$ > work/pid; (sleep 100 &); while :; do sleep 0.05; done")])
-    wait_record(box, command_id, lambda r: r["state"] == "running", "running")
+    wait_record(state_of(box), command_id, lambda r: r["state"] == "running", "running")
     program = program_pid(box, "pid")
     result = up.call("stop", {"id": command_id}, meta=META)
     value = result["structuredContent"]
@@ -106,7 +88,7 @@ def test_stop_gives_the_program_its_term_inside_the_sandbox_then_the_rest_dies(u
 
 def test_a_killed_supervisor_takes_the_whole_sandbox_with_it(up, box):
     command_id = start(up, program="sh", args=["-c", "echo $$ > work/pid; (setsid sleep 100 &); sleep 100"])
-    running = wait_record(box, command_id, lambda r: r["state"] == "running", "running")
+    running = wait_record(state_of(box), command_id, lambda r: r["state"] == "running", "running")
     program = program_pid(box, "pid")
     gate = running["leader_pid"]
     supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -130,4 +112,4 @@ def test_a_background_command_starts_quickly_enough_to_be_worth_it(up, box):
     started = time.monotonic()
     command_id = start(up, program="sh", args=["-c", "true"])
     assert time.monotonic() - started < 2
-    wait_record(box, command_id, lambda r: r["state"] == "exited", "the end")
+    wait_record(state_of(box), command_id, lambda r: r["state"] == "exited", "the end")

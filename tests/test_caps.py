@@ -11,25 +11,12 @@ import signal
 import time
 
 import pytest
+from background_helpers import META, background_argv
 from conftest import SERVER, require_sandbox, text_of, wait_for
-from test_background import background_argv
 
 from linkrun import records
 
-META = {"link.local/thread": "conversation-1"}
 MAX_ARG_STRLEN = 128 * 1024  # Linux: one argument, its NUL included
-
-
-@pytest.fixture
-def state(tmp_path):
-    folder = tmp_path / "state"
-    yield folder
-    for command_id in records.ids(str(folder)):
-        if records.is_held(str(folder), command_id):
-            records.write_stop(str(folder), command_id, "stopped")
-    for command_id in records.ids(str(folder)):
-        wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=15,
-                 what=f"the supervisor of {command_id} to end")
 
 
 def counted_starts(state) -> int:
@@ -164,7 +151,7 @@ def test_a_long_unknown_argument_is_named_cut_short(bg):
 
 
 def test_in_the_real_sandbox_its_own_arguments_count_and_the_longest_argument_runs(tmp_path, servers):
-    from test_sandbox import Agent
+    from sandbox_helpers import Agent
 
     from linkrun.tools import LAUNCH_RESERVE
 

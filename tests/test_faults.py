@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SERVER, text_of, wait_for
-from test_background import META, background_argv, payload, read, record, start, wait_ended, wait_running
+from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
+from conftest import SERVER, stop_what_runs, text_of, wait_for
 
 from linkrun import records, told
 
@@ -50,20 +50,6 @@ def faults():
         stop_what_runs(state)
     for where in made.mounts:
         subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def stop_what_runs(state: Path) -> None:
-    left = []
-    for command_id in records.ids(str(state)):
-        if records.is_held(str(state), command_id):
-            try:
-                records.write_stop(str(state), command_id, "stopped")
-            except OSError:
-                pass
-            left.append(command_id)
-    for command_id in left:
-        wait_for(lambda command_id=command_id: not records.is_held(str(state), command_id), timeout=20,
-                 what=f"the supervisor of {command_id} to end")
 
 
 def fill(path: Path, size: int | None = None) -> Path:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require_sandbox
-from test_percall import call_part, close_all, open_fds
-from test_sandbox import Agent
+from percall_helpers import call_part, close_all, refused
+from sandbox_helpers import Agent
 
 from linkrun import errors, percall
 
@@ -45,14 +45,6 @@ def make_repository(path: Path, *, bare: bool = False) -> Path:
     return path if bare else path / ".git"
 
 
-def refused(files: Path, kind: type[Exception] = percall.LinkOnPath) -> Exception:
-    before = open_fds()
-    with pytest.raises(kind) as caught:
-        call_part(files)
-    assert open_fds() == before  # nothing it opened is left open
-    return caught.value
-
-
 @pytest.fixture
 def files(tmp_path) -> Path:
     folder = tmp_path / "agent" / "Files"
@@ -65,7 +57,7 @@ def files(tmp_path) -> Path:
 def test_more_than_64_repositories_refuse_the_call_naming_them_and_what_to_do(files):
     for i in range(1100):
         (files / "work" / "r" / str(i) / ".git").mkdir(parents=True)
-    error = refused(files, percall.TooManyRepositories)
+    error = refused(files, kind=percall.TooManyRepositories)
     assert isinstance(error, errors.Refused)
     text = str(error)
     assert "more than 64 git repositories" in text and "work/r/" in text, text

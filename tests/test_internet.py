@@ -15,34 +15,13 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVER, require_sandbox, serve_argv, text_of, wait_for
-from test_proxy import Site, SiteServer
-from test_sandbox import Agent
-from test_up import outer_sandbox
+from sandbox_helpers import Agent, outer_sandbox
+from site_helpers import serve_site
 
 from linkrun import doctor, internet, sandbox, up
 from linkrun.errors import UsageError
 
 RELAY = "http://127.0.0.1:3128"
-
-
-def serve_site(address: str):
-    server = SiteServer((address, 0), Site)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-@pytest.fixture
-def site_server():
-    """The "internet": a test site on 127.0.0.2, and what it was asked."""
-    server = serve_site("127.0.0.2")
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def site(site_server):
-    return site_server.server_address[1]
 
 
 @pytest.fixture

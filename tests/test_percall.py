@@ -14,38 +14,10 @@ from pathlib import Path
 
 import pytest
 from conftest import require_sandbox
-from test_sandbox import Agent
+from percall_helpers import call_part, close_all, open_files, refused
+from sandbox_helpers import Agent
 
 from linkrun import percall
-
-
-def open_files(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-
-
-def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
-def call_part(files: Path, write=("work",), proxy=None, folder=""):
-    fd = open_files(files)
-    try:
-        return percall.call_part(fd, str(files), list(write), proxy, folder)
-    finally:
-        os.close(fd)
-
-
-def close_all(fds):
-    for fd in fds:
-        os.close(fd)
-
-
-def refused(files: Path, write=("work",)) -> percall.LinkOnPath:
-    before = open_fds()
-    with pytest.raises(percall.LinkOnPath) as caught:
-        call_part(files, write)
-    assert open_fds() == before  # nothing it opened is left open
-    return caught.value
 
 
 @pytest.fixture

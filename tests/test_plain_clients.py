@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+from background_helpers import wait_ended, wait_running
 from conftest import serve_argv, text_of, wait_for
 
 from linkrun import records
@@ -60,16 +61,6 @@ def start(server, meta: dict | None = None, **arguments) -> str:
 
 def listed(server, meta: dict | None = None) -> list[str]:
     return [c["id"] for c in succeeds(server, "list", {}, meta)["structuredContent"]["commands"]]
-
-
-def wait_ended(state: Path, command_id: str) -> dict:
-    return wait_for(lambda: (r := records.load(str(state), command_id)) and r["state"] not in records.RUNNING_STATES
-                    and r, timeout=15, what=f"{command_id} to end")
-
-
-def wait_running(state: Path, command_id: str) -> dict:
-    return wait_for(lambda: (r := records.load(str(state), command_id)) and r["state"] == "running" and r,
-                    timeout=15, what=f"{command_id} to run")
 
 
 # -- 6. a plain client's background calls (no link.local/thread) --------------------

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from background_helpers import META, background_argv, start, wait_running
 from conftest import RawServer, pid_alive, serve_argv, text_of, wait_for
-from test_background import META, background_argv, start, wait_running
 
 from linkrun import records
 

@@ -41,14 +41,6 @@ SPEC_CODES_IN_BAND = {-32020, -32021, -32022}
 EOF_GRACE = 1.5  # DESIGN §2: calls in flight get this long to answer after stdin closes
 
 
-def alive(pid: int) -> bool:
-    """conftest's pid_alive, but a process reaped between its open and its read of /proc counts as gone."""
-    try:
-        return pid_alive(pid)
-    except ProcessLookupError:
-        return False
-
-
 # -- helpers -------------------------------------------------------------------
 
 
@@ -148,7 +140,7 @@ def pid_script(name: str) -> dict:
 
 
 def wait_gone(pids: list[int], timeout: float = 5.0) -> None:
-    wait_for(lambda: not any(alive(pid) for pid in pids), timeout=timeout, what=f"pids {pids} to die")
+    wait_for(lambda: not any(pid_alive(pid) for pid in pids), timeout=timeout, what=f"pids {pids} to die")
 
 
 # -- the checks every server gets at the end of its test -------------------------

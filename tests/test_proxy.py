@@ -4,7 +4,6 @@ and a test "internet" server on 127.0.0.2."""
 from __future__ import annotations
 
 import fcntl
-import http.server
 import json
 import os
 import resource
@@ -22,37 +21,6 @@ import pytest
 from conftest import SERVER, clean_env, require_sandbox, wait_for
 
 from linkrun import internet, proxy
-
-
-class Site(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.server.seen.append((self.path, self.headers.get("User-Agent", "")))
-        body = f"hello from {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-class SiteServer(http.server.ThreadingHTTPServer):
-    request_queue_size = 256  # the default 5 would drop a hundred connects at once, not the proxy
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.seen: list[tuple[str, str]] = []  # (path, User-Agent) of each request
-
-
-@pytest.fixture
-def site():
-    server = SiteServer(("127.0.0.2", 0), Site)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture

@@ -35,14 +35,6 @@ SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 CLIENT_CLOSE_PATIENCE_MS = 2000
 
 
-def alive(pid: int) -> bool:
-    """conftest's pid_alive, but a process reaped between its open and its read of /proc counts as gone."""
-    try:
-        return pid_alive(pid)
-    except ProcessLookupError:
-        return False
-
-
 def need_node() -> str:
     node = shutil.which("node")
     missing = None
@@ -67,7 +59,7 @@ def server_processes(files: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if str(files).encode() in cmdline and b"linkrun" in cmdline and alive(int(entry.name)):
+        if str(files).encode() in cmdline and b"linkrun" in cmdline and pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -239,7 +231,7 @@ def test_a_cancelled_call_is_never_answered_and_its_group_is_killed(report):
     assert [n["params"]["requestId"] for n in notes] == [request["id"]]
     assert response_to(report, request) is None
     for pid in cancel["pids"]:
-        assert not alive(pid)
+        assert not pid_alive(pid)
     after = report["afterCancel"]
     assert after["isError"] is False and "still here" in after["text"]
 

@@ -31,14 +31,6 @@ SDK_PATIENCE = 2.0
 pytestmark = [pytest.mark.parametrize("mode", MODES)]
 
 
-def alive(pid: int) -> bool:
-    """conftest's pid_alive, but a process reaped between its open and its read of /proc counts as gone."""
-    try:
-        return pid_alive(pid)
-    except ProcessLookupError:
-        return False
-
-
 def negotiated(mode: str) -> str:
     return LEGACY if mode == "legacy" else MODERN
 
@@ -194,15 +186,15 @@ def test_a_cancelled_call_kills_its_group_and_the_server_goes_on_then_leaves_on_
                     scope.cancel()
             assert scope.cancelled_caught
             server, *group_pids = (int(pid) for pid in text.split())
-            await wait_until(lambda: not any(alive(pid) for pid in group_pids), "the call's group to die")
+            await wait_until(lambda: not any(pid_alive(pid) for pid in group_pids), "the call's group to die")
             after = await client.call_tool("command", {"program": "echo", "args": ["after"]})
             assert after.is_error is False and "after" in after.content[0].text
-            assert alive(server)
+            assert pid_alive(server)
             closing = time.monotonic()
         return server, time.monotonic() - closing
 
     server, closing = anyio.run(main)
-    assert not alive(server)
+    assert not pid_alive(server)
     assert closing < SDK_PATIENCE, f"the server took {closing:.2f} s to leave on EOF: the SDK had to signal it"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVER, clean_env, require_sandbox, text_of
-from test_sandbox import Agent
+from sandbox_helpers import Agent, outer_sandbox
 
 from linkrun import doctor, sandbox, up
 from linkrun.errors import LinkRunError, UsageError
@@ -122,11 +122,6 @@ def test_up_refuses_bad_input_before_creating_anything(tmp_path):
     with pytest.raises(LinkRunError, match="unknown key 'timeot'"):
         up.plan(["--agent", str(root), "--spec", str(bad)], env)
     assert not root.exists()
-
-
-def outer_sandbox(*extra: str) -> list[str]:
-    """The machine as it is, in a user namespace of its own, with `extra`."""
-    return ["bwrap", "--unshare-user", "--bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *extra, "--"]
 
 
 def test_up_fails_closed_in_one_line_without_bubblewrap(box):

@@ -25,7 +25,5 @@ def test_no_test_module_imports_another() -> None:
     offenders = {path.name: sorted(name for name in imported_modules(path) if name.startswith("test_"))
                  for path in sorted(TESTS.glob("test_*.py"))}
     offenders = {name: imports for name, imports in offenders.items() if imports}
-    # test_told's imports from test_wayin go with the split of test_wayin.
-    offenders.pop("test_told.py", None)
     assert not offenders, (f"test modules import other test modules: {offenders}; move what they share "
                            "into a helper module (tests/*_helpers.py) or conftest.py")

@@ -18,13 +18,13 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, UTC
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import beneath, outfile, records
 from .capture import utf8_head, utf8_tail
-from .config import Serve, format_duration
+from .config import Serve
 from .errors import LinkRunError, Refused
-from .tools import nullable
 
 THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"
@@ -37,86 +37,6 @@ STOP_WAIT = 5.0
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
 LOOK_PATIENCE = 2.0  # seconds a read looks again while rotations come between its two looks
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
-
-_ID = {"type": "string", "description": "The command's id, as start answered it."}
-_ENTRY = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "program": {"type": "string"},
-        "args": {"type": "array", "items": {"type": "string"}},
-        "folder": {"type": "string"},
-        "state": {"type": "string", "enum": ["starting", "running", "exited", "stopped", "timed out", "lost", "failed to start"]},
-        "exit": nullable("integer"),
-        "signal": nullable("string"),
-        "seconds": {"type": "number"},
-        "bytes": {"type": "integer"},
-        "started": {"type": "string"},
-        "told": {"type": "string", "enum": ["untold", "telling", "told", "given up", "no way in"]},
-        "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
-                          '"tasks" (a fork was refused at its task limit), or null.'),
-    },
-    "required": ["id", "program", "args", "folder", "state", "exit", "signal", "seconds", "bytes", "started", "told",
-                 "limit"],
-}
-
-
-def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
-    b = settings.background
-    no_way_in = b.way_in is None
-    told = ("use list, and read with wait, to learn how it ended" if no_way_in
-            else "a message from run:<id> tells this conversation how it ended")
-    hints = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": settings.proxy}
-    read_only = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
-    return {
-        "start": {
-            "name": "start", "title": "Start a background command",
-            "description": (f"Start a program as command would, in the background, and answer at once with its id; "
-                            f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
-                            "streams as one, goes to background/<id>.out in the files folder."),
-            "inputSchema": {"type": "object", "properties": run_properties, "required": ["program"],
-                            "additionalProperties": False},
-            "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
-                             "required": ["id", "output"]},
-            "annotations": {"title": "Start a background command", **hints},
-        },
-        "list": {
-            "name": "list", "title": "List background commands",
-            "description": "Each background command this conversation started, running or ended, newest first.",
-            "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
-            "outputSchema": {"type": "object", "properties": {"commands": {"type": "array", "items": _ENTRY}},
-                             "required": ["commands"]},
-            "annotations": {"title": "List background commands", **read_only},
-        },
-        "read": {
-            "name": "read", "title": "Read a background command's output",
-            "description": ("A background command's output from byte `offset` (go on from the answer's `next`), or "
-                            "without offset its last bytes; `wait` (seconds, at most 30) waits for more output "
-                            "or its end."),
-            "inputSchema": {"type": "object", "properties": {
-                "id": _ID,
-                "offset": {"type": "integer", "minimum": 0, "description": "The byte to read from, counted from its first byte."},
-                "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
-                         "description": "Seconds to wait when there is nothing new yet (at most 30)."},
-            }, "required": ["id"], "additionalProperties": False},
-            "outputSchema": {"type": "object", "properties": {
-                "id": {"type": "string"}, "state": {"type": "string"}, "offset": {"type": "integer"},
-                "next": {"type": "integer"}, "kept_from": {"type": "integer"}, "total": {"type": "integer"},
-                "dropped": {"type": "integer", "description": "Bytes lost to a full disk (only when some were)."},
-                "text": {"type": "string", "description": "The returned bytes (offset to next), decoded."},
-            }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
-            "annotations": {"title": "Read a background command's output", **read_only},
-        },
-        "stop": {
-            "name": "stop", "title": "Stop a background command",
-            "description": "Stop a background command with everything it started, and answer how it ended.",
-            "inputSchema": {"type": "object", "properties": {"id": _ID}, "required": ["id"], "additionalProperties": False},
-            "outputSchema": _ENTRY,
-            "annotations": {"title": "Stop a background command", "readOnlyHint": False, "destructiveHint": True,
-                            "idempotentHint": True, "openWorldHint": False},
-        },
-    }
-
 
 def conversation(meta: dict, way_in: bool) -> tuple[str, int]:
     """The call's conversation and its hops.
@@ -159,7 +79,8 @@ class Background:
 
     # -- start ----------------------------------------------------------------
 
-    def start(self, request, argv_tail: list[str], arguments: dict, meta: dict) -> dict:
+    def start(self, request, argv_tail: list[str], arguments: dict, meta: dict) -> str:
+        """The new command's id."""
         thread, hops = self.conversation(meta)
         if hops >= self.b.hops:
             raise Refused(f"this call is {hops} hops from a person, and start is allowed below {self.b.hops}",
@@ -203,7 +124,7 @@ class Background:
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
                                    f"its log is {records.path(self.state, command_id, '.log')}")
-        return {"id": command_id, "output": f"background/{command_id}.out"}
+        return command_id
 
     def forget(self, command_id: str) -> None:
         """A start cut short before its supervisor: its files, the lock last (the caller holds it)."""
@@ -383,7 +304,8 @@ class Background:
             raise Refused(UNKNOWN.format(id=command_id))
         return record
 
-    def list(self, meta: dict) -> dict:
+    def list(self, meta: dict) -> list[dict]:
+        """This conversation's commands, newest first, as entries."""
         thread, _ = self.conversation(meta)
         own = []
         for command_id in records.ids(self.state):
@@ -399,7 +321,7 @@ class Background:
                 record = records.load(self.state, command_id) or record
             own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)
-        return {"commands": [self.entry(r) for r in own]}
+        return [self.entry(r) for r in own]
 
     def entry(self, record: dict) -> dict:
         running = record["state"] in records.RUNNING_STATES
@@ -423,7 +345,7 @@ class Background:
         except (LinkRunError, OSError):
             return None
 
-    def read(self, arguments: dict, meta: dict, progress=None) -> tuple[dict, str]:
+    def read(self, arguments: dict, meta: dict, progress=None) -> ReadChunk:
         command_id = arguments.get("id")
         record = self.own_record(command_id, meta)
         offset = arguments.get("offset")
@@ -439,21 +361,20 @@ class Background:
                 seen = self.watcher.changes(record["id"])
                 chunk = self.read_once(record["id"], offset)
                 now = time.monotonic()
-                if chunk["bytes"] or chunk["ended"] or now >= deadline:
+                if chunk.data or chunk.ended or now >= deadline:
                     break
                 waited = round(wait - (deadline - now), 1)
                 if progress is not None and (reported is None or waited >= reported + PROGRESS_EVERY):
                     progress(waited, wait)
                     reported = waited
                 self.watcher.wait_change(record["id"], seen, min(1.0, deadline - now))
-        return self.read_answer(chunk, offset)
+        return chunk
 
-    def read_once(self, command_id: str, offset: int | None) -> dict:
+    def read_once(self, command_id: str, offset: int | None) -> ReadChunk:
         """One consistent look at the output file and its record."""
         with self.looked_at(command_id) as look:
             if look.fd is None:
-                return {"record": look.record, "bytes": b"", "offset": 0, "kept_from": 0, "total": 0,
-                        "ended": look.record["state"] not in records.RUNNING_STATES}
+                return ReadChunk(look.record, b"", 0, 0, 0, look.record["state"] not in records.RUNNING_STATES)
             return self.read_at(look, offset)
 
     @contextlib.contextmanager
@@ -511,7 +432,7 @@ class Background:
             return None
         return _Look(fd, info.st_size, record, kept_from)
 
-    def read_at(self, look: _Look, offset: int | None) -> dict:
+    def read_at(self, look: _Look, offset: int | None) -> ReadChunk:
         record, kept_from = look.record, look.kept_from
         total = kept_from + look.size
         limit = self.settings.output
@@ -527,41 +448,7 @@ class Background:
             data = trimmed
         if start + len(data) < total or not ended:
             data = utf8_head(data)  # a character still being written waits for the next read
-        return {"record": record, "bytes": data, "offset": start, "kept_from": kept_from, "total": total,
-                "ended": ended}
-
-    def read_answer(self, chunk: dict, asked: int | None) -> tuple[dict, str]:
-        """The structured value, and the text: a header line (id, state, the
-        byte range, and any note), then exactly the bytes, so that no note can
-        pass for the program's own output."""
-        record = chunk["record"]
-        start, data, total = chunk["offset"], chunk["bytes"], chunk["total"]
-        end = start + len(data)
-        text = data.decode("utf-8", errors="replace")
-        # The text again: structured-first clients give the model this value alone.
-        structured = {"id": record["id"], "state": record["state"], "offset": start, "next": end,
-                      "kept_from": chunk["kept_from"], "total": total, "text": text}
-        dropped = record.get("dropped") or 0
-        if dropped:
-            structured["dropped"] = dropped
-        header = [record["id"], record["state"], f"bytes {start}–{end} of {total}"]
-        if asked is not None and asked < chunk["kept_from"]:
-            full = f"; the disk was full: {dropped} of them were lost to it" if dropped else ""
-            header.append(f"bytes {asked}–{chunk['kept_from']} dropped (only the last "
-                          f"{self.b.output} bytes are kept{full})")
-        elif dropped and start == chunk["kept_from"]:  # the losses lie before the kept bytes
-            header.append(f"the disk was full for a while: {dropped} bytes of its output were lost to it")
-        if end == total and chunk["ended"]:
-            header.append("ended: no more output")
-        elif end == total and not data:
-            header.append("nothing new yet: read again with wait")
-        if record.get("proxy") and record.get("leader_pid"):
-            from .internet import refused, refused_note
-
-            hosts = refused(self.state, record["started"], record["leader_pid"])
-            if hosts:
-                header.append(refused_note(hosts, self.state))
-        return structured, " · ".join(header) + "\n" + text
+        return ReadChunk(record, data, start, kept_from, total, ended)
 
     def stop(self, arguments: dict, meta: dict) -> dict:
         command_id = arguments.get("id")
@@ -588,6 +475,22 @@ class Background:
         except ImportError:
             return
         sweep.sweep_record(self.state, command_id)
+
+
+@dataclass(frozen=True)
+class ReadChunk:
+    """What one read found: bytes [offset, next) of the output, of `total` so far."""
+
+    record: dict
+    data: bytes
+    offset: int
+    kept_from: int  # where the kept bytes start
+    total: int
+    ended: bool  # the command ended: no more output comes
+
+    @property
+    def next(self) -> int:
+        return self.offset + len(self.data)
 
 
 class _Look(NamedTuple):

@@ -9,7 +9,6 @@ supervise.py), and the other tools read records and output files.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import subprocess
@@ -18,11 +17,9 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, UTC
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from . import beneath, outfile, records
-from .capture import utf8_head, utf8_tail
+from .outfile import ReadChunk
 from .config import Serve
 from .errors import LinkRunError, Refused
 
@@ -35,7 +32,6 @@ DAY = 86400
 MAX_WAIT = 30
 STOP_WAIT = 5.0
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
-LOOK_PATIENCE = 2.0  # seconds a read looks again while rotations come between its two looks
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
 
 def conversation(meta: dict, way_in: bool) -> tuple[str, int]:
@@ -338,11 +334,10 @@ class Background:
         }
 
     def output_total(self, record: dict) -> int | None:
-        """The output's total by its file and a record that names that file."""
         try:
-            with self.looked_at(record["id"]) as look:
-                return None if look.fd is None else look.kept_from + look.size
-        except (LinkRunError, OSError):
+            with self.output_folder() as folder:
+                return outfile.output_total(folder, self.state, record["id"])
+        except (LinkRunError, OSError, outfile.Removed):
             return None
 
     def read(self, arguments: dict, meta: dict, progress=None) -> ReadChunk:
@@ -371,84 +366,20 @@ class Background:
         return chunk
 
     def read_once(self, command_id: str, offset: int | None) -> ReadChunk:
-        """One consistent look at the output file and its record."""
-        with self.looked_at(command_id) as look:
-            if look.fd is None:
-                return ReadChunk(look.record, b"", 0, 0, 0, look.record["state"] not in records.RUNNING_STATES)
-            return self.read_at(look, offset)
+        try:
+            with self.output_folder() as folder:
+                return outfile.read_once(folder, self.state, command_id, offset, self.settings.output)
+        except outfile.Removed:
+            raise Refused(UNKNOWN.format(id=command_id)) from None
 
     @contextlib.contextmanager
-    def looked_at(self, command_id: str) -> Iterator[_Look]:
-        """The output file, open, with a record that names it (as the current
-        file or the one before): so the bytes are read at their own offsets.
-
-        Looks again while a rotation runs between the two looks (two rotations
-        in between, or a record write held up by a slow disk), for up to
-        LOOK_PATIENCE seconds.
-        """
-        background_fd = self.background_folder(create=False)
+    def output_folder(self) -> Iterator[int]:
+        """`background/`, open, for the reads of output files."""
+        folder = self.background_folder(create=False)
         try:
-            deadline, pause = time.monotonic() + LOOK_PATIENCE, 0.001
-            while True:
-                try:
-                    fd = outfile.open_output(background_fd, command_id)
-                except OSError as error:
-                    if error.errno == errno.ELOOP:
-                        raise Refused(f"background/{command_id}.out is a link, which is never followed",
-                                      "the output is not readable") from None
-                    raise
-                try:
-                    record = records.load(self.state, command_id)
-                    if record is None:
-                        raise Refused(UNKNOWN.format(id=command_id))  # removed meanwhile
-                except BaseException:
-                    if fd is not None:
-                        os.close(fd)
-                    raise
-                look = self._match(fd, record)
-                if look is not None:
-                    break
-                if time.monotonic() > deadline:
-                    raise LinkRunError(f"the output of {command_id} kept changing under the read", "read again")
-                time.sleep(pause)
-                pause = min(2 * pause, 0.05)
+            yield folder
         finally:
-            os.close(background_fd)
-        try:
-            yield look
-        finally:
-            if look.fd is not None:
-                os.close(look.fd)
-
-    @staticmethod
-    def _match(fd: int | None, record: dict) -> _Look | None:
-        """The look, or None (the descriptor closed) when the record names other files."""
-        if fd is None:  # none yet, or removed by hand (a rotation renames over it, never removes it)
-            return _Look(None, 0, record, 0)
-        info = os.fstat(fd)
-        kept_from = outfile.kept_from_of(record, info.st_ino)
-        if kept_from is None:
-            os.close(fd)
-            return None
-        return _Look(fd, info.st_size, record, kept_from)
-
-    def read_at(self, look: _Look, offset: int | None) -> ReadChunk:
-        record, kept_from = look.record, look.kept_from
-        total = kept_from + look.size
-        limit = self.settings.output
-        ended = record["state"] not in records.RUNNING_STATES
-        if offset is None:
-            start = max(kept_from, total - limit)
-        else:
-            start = min(max(offset, kept_from), total)
-        data = os.pread(look.fd, min(limit, total - start), start - kept_from) if start < total else b""
-        if start > kept_from or offset is None or offset < kept_from:
-            trimmed = utf8_tail(data)  # never start inside a character
-            start += len(data) - len(trimmed)
-            data = trimmed
-        if start + len(data) < total or not ended:
-            data = utf8_head(data)  # a character still being written waits for the next read
-        return ReadChunk(record, data, start, kept_from, total, ended)
+            os.close(folder)
 
     def stop(self, arguments: dict, meta: dict) -> dict:
         command_id = arguments.get("id")
@@ -475,29 +406,6 @@ class Background:
         except ImportError:
             return
         sweep.sweep_record(self.state, command_id)
-
-
-@dataclass(frozen=True)
-class ReadChunk:
-    """What one read found: bytes [offset, next) of the output, of `total` so far."""
-
-    record: dict
-    data: bytes
-    offset: int
-    kept_from: int  # where the kept bytes start
-    total: int
-    ended: bool  # the command ended: no more output comes
-
-    @property
-    def next(self) -> int:
-        return self.offset + len(self.data)
-
-
-class _Look(NamedTuple):
-    fd: int | None  # the output file, open; None when there is none
-    size: int
-    record: dict
-    kept_from: int  # where this file starts in the output
 
 
 class _Held:

@@ -6,8 +6,9 @@ here they become what a client sees: the structured value and the text.
 
 from __future__ import annotations
 
-from .background import MAX_WAIT, ReadChunk
+from .background import MAX_WAIT
 from .config import Serve, format_duration
+from .outfile import ReadChunk
 from .tools import ToolResult, nullable
 
 _ID = {"type": "string", "description": "The command's id, as start answered it."}

@@ -9,7 +9,6 @@ supervise.py), and the other tools read records and output files.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, UTC
 
-from . import beneath, outfile, records
+from . import admission, beneath, outfile, records
 from .outfile import ReadChunk
 from .config import Serve
 from .errors import LinkRunError, Refused
@@ -27,8 +26,6 @@ THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"
 CLIENT_THREAD_KEY = "threadId"  # Codex's own thread, in every tools/call's _meta
 DEFAULT_THREAD = "default"  # the conversation of a plain client that names none
-START_LOCK_WAIT = 5.0
-DAY = 86400
 MAX_WAIT = 30
 STOP_WAIT = 5.0
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
@@ -84,10 +81,10 @@ class Background:
         background_fd = self.background_folder()
         os.close(background_fd)
         records.ensure_state(self.state)
-        with self.start_lock():
+        with admission.start_lock(self.state):
             if os.path.exists(os.path.join(self.state, "removed")):
                 raise Refused("this agent is being removed", "no command can start any more")
-            self.check_caps()
+            admission.check_caps(self.state, self.b.running, self.b.per_day)
             # 2. The lock first, so no sweep ever sees a new record with a free lock.
             while True:
                 command_id = records.new_id()
@@ -109,13 +106,13 @@ class Background:
                                        f"{problem.strerror}", "free space on its disk; nothing was started") from None
                 # Counted before the spawn: a serve killed between the two
                 # must never leave a command running that the cap missed.
-                counted = self.count_start(record["started"])
+                counted = admission.count_start(self.state, record["started"])
                 # 4. The supervisor, detached; its intermediate exits at once.
                 code = self.spawn_supervisor(command_id, lock_fd)
             finally:
                 os.close(lock_fd)
             if code != 0:
-                self.uncount_start(counted)
+                admission.uncount_start(self.state, counted)
                 record.update(state="failed to start", ended=records.now(), told="told")
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
@@ -144,78 +141,6 @@ class Background:
             raise Refused(f"the files folder's background/ {problem.why}",
                           "background commands need background/ to be a folder of the files folder; "
                           "remove what is there") from None
-
-    def start_lock(self):
-        path = os.path.join(self.state, "start.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + START_LOCK_WAIT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-                    os.close(fd)
-                    raise Refused(f"the state folder's start lock is held by process {holder} for over "
-                                  f"{START_LOCK_WAIT:.0f} s", "try again; if it stays, that process is stuck") from None
-                time.sleep(0.01)  # flock has no timed wait: retry without blocking
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        return _Held(fd)
-
-    def check_caps(self):
-        """1. What runs against --background, the day's starts against --background-per-day."""
-        running = 0
-        for command_id in records.ids(self.state):
-            record = records.load(self.state, command_id)
-            if record and record.get("state") in records.RUNNING_STATES and records.is_held(self.state, command_id):
-                running += 1
-        if running >= self.b.running:
-            raise Refused(f"{running} background commands run already, the most at once",
-                          "a place frees up when one ends: wait for one, or stop one (list shows them)")
-        now = records.now()
-        starts = self.starts_since(now - DAY)
-        if len(starts) >= self.b.per_day:
-            frees = datetime.fromtimestamp(min(starts) + DAY).astimezone().isoformat(timespec="seconds")
-            raise Refused(f"{len(starts)} background commands started in the last 24 hours, the most in a day",
-                          f"a place frees up at {frees}")
-
-    def count_start(self, when: float) -> int:
-        """Append a start to `starts` (under start.lock); returns the file's
-        size before it, for `uncount_start`. Now and then the lines older
-        than a day are dropped first, so the file stays small."""
-        path = os.path.join(self.state, "starts")
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            size = 0
-        if size > 64 * 1024:
-            recent = self.starts_since(records.now() - DAY)
-            temporary = path + ".new"
-            with open(temporary, "w") as f:
-                f.writelines(f"{t:.3f}\n" for t in recent)
-            os.replace(temporary, path)
-        with open(path, "a") as f:
-            before = f.tell()
-            f.write(f"{when:.3f}\n")
-        return before
-
-    def uncount_start(self, before: int) -> None:
-        """Take back the start `count_start` just added (still under start.lock):
-        a spawn that failed ran nothing."""
-        os.truncate(os.path.join(self.state, "starts"), before)
-
-    def starts_since(self, since: float) -> list[float]:
-        now = records.now()
-        try:
-            with open(os.path.join(self.state, "starts")) as f:
-                times = [min(float(line), now) for line in f if line.strip()]  # the future counts as now
-        except FileNotFoundError:
-            return []
-        except ValueError:
-            times = []
-        return [t for t in times if t > since]
 
     def new_record(self, command_id, request, argv_tail, arguments, thread, hops) -> dict:
         s, b = self.settings, self.b
@@ -406,17 +331,6 @@ class Background:
         except ImportError:
             return
         sweep.sweep_record(self.state, command_id)
-
-
-class _Held:
-    def __init__(self, fd):
-        self.fd = fd
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)  # releases the flock
 
 
 def _write_new(path: str, data: bytes):

@@ -19,6 +19,7 @@ from datetime import datetime, UTC
 
 from . import admission, beneath, outfile, records
 from .outfile import ReadChunk
+from .watch import Watcher
 from .config import Serve
 from .errors import LinkRunError, Refused
 
@@ -64,7 +65,7 @@ class Background:
         self.b = settings.background
         self.state = self.b.state
         self.files_fd = files_fd_getter
-        self.watcher = Watcher(self)
+        self.watcher = Watcher((self.state, os.path.join(settings.files, "background")))
         self.supervisor_argv = None  # found at the first start
 
     def conversation(self, meta: dict) -> tuple[str, int]:
@@ -345,95 +346,3 @@ def _write_new(path: str, data: bytes):
 
 def iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).astimezone().isoformat(timespec="seconds")
-
-
-class Watcher:
-    """serve's one watch of the state folder and background/, for every read
-    and stop that waits. It runs only while someone waits, and wakes a waiter
-    only on a change to its own command's files (a write, a rename, a new or
-    removed file), never on a mere open or read: an idle server, and a waiting
-    one, use no CPU."""
-
-    def __init__(self, background: Background):
-        self.background = background
-        self.condition = threading.Condition()
-        self.counts: dict[str, int] = {}  # command id -> changes to its files seen while watching
-        self.waiters = 0
-        self.observer = None
-
-    def watching(self, wanted: bool):
-        watcher = self
-
-        class Scope:
-            def __enter__(self):
-                if wanted:
-                    watcher._join()
-
-            def __exit__(self, *exc):
-                if wanted:
-                    watcher._leave()
-
-        return Scope()
-
-    def _join(self):
-        with self.condition:
-            self.waiters += 1
-            if self.observer is None:
-                self.observer = self._start()
-
-    def _leave(self):
-        with self.condition:
-            self.waiters -= 1
-            observer = self.observer if self.waiters == 0 else None
-            if self.waiters == 0:
-                self.observer = None
-                self.counts.clear()  # nobody holds a count any more
-        if observer:
-            observer.stop()
-
-    def _start(self):
-        try:
-            from watchdog.events import (
-                FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent,
-                FileSystemEventHandler,
-            )
-            from watchdog.observers import Observer
-        except ImportError:
-            return None
-        watcher = self
-        changes = [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent]
-
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event):
-                if type(event) in changes:  # the filter below keeps the kernel from sending the rest
-                    watcher._changed(event.src_path, event.dest_path)
-
-        observer = Observer()
-        observer.daemon = True
-        try:
-            for folder in (self.background.state, os.path.join(self.background.settings.files, "background")):
-                observer.schedule(Handler(), folder, recursive=False, event_filter=changes)
-            observer.start()
-        except OSError as problem:  # inotify exhausted: the waits fall back to their slices
-            print(f"lnk-link-run serve: cannot watch for output ({problem}); reads that wait check "
-                  "every second", file=sys.stderr)
-            return None
-        return observer
-
-    def _changed(self, *paths: str | bytes) -> None:
-        # <id>.out, <id>.json, <id>.json.<hex>.tmp, <id>.stop, ...: the id is the name up to its first dot.
-        ids = {os.fsdecode(os.path.basename(p)).split(".", 1)[0] for p in paths if p}
-        with self.condition:
-            for command_id in ids:
-                self.counts[command_id] = self.counts.get(command_id, 0) + 1
-            self.condition.notify_all()
-
-    def changes(self, command_id: str) -> int:
-        """How many changes to this command's files were seen: give it to `wait_change`."""
-        with self.condition:
-            return self.counts.get(command_id, 0)
-
-    def wait_change(self, command_id: str, seen: int, timeout: float) -> None:
-        """Until a change to the command's files after `seen`, or `timeout` seconds."""
-        with self.condition:
-            self.condition.wait_for(lambda: self.counts.get(command_id, 0) != seen, max(0.0, timeout))

@@ -67,6 +67,7 @@ class Background:
         self.files_fd = files_fd_getter
         self.watcher = Watcher((self.state, os.path.join(settings.files, "background")))
         self.supervisor_argv = None  # found at the first start
+        self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
 
     def conversation(self, meta: dict) -> tuple[str, int]:
         return conversation(meta, self.b.way_in is not None)
@@ -194,11 +195,8 @@ class Background:
                 self.run_sweep()
                 untold = any((r := records.load(self.state, i)) and r.get("told") in ("untold", "telling")
                              for i in records.ids(self.state))
-                self.sweep_now.wait(60 if untold else 600)
-                self.sweep_now.clear()
+                time.sleep(60 if untold else 600)
 
-        self.sweep_now = threading.Event()
-        self.ready = threading.Event()
         threading.Thread(target=loop, daemon=True, name="sweeps").start()
 
     def run_sweep(self):
@@ -327,10 +325,8 @@ class Background:
         return self.entry(record)
 
     def sweep_one(self, command_id: str):
-        try:
-            from . import sweep
-        except ImportError:
-            return
+        from . import sweep  # only here: it loads the telling
+
         sweep.sweep_record(self.state, command_id)
 
 

@@ -9,8 +9,6 @@ supervise.py), and the other tools read records and output files.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import subprocess
 import sys
@@ -18,105 +16,21 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, UTC
-from typing import NamedTuple
 
-from . import beneath, outfile, records
-from .capture import utf8_head, utf8_tail
-from .config import Serve, format_duration
+from . import admission, beneath, outfile, records
+from .outfile import ReadChunk
+from .watch import Watcher
+from .config import Serve
 from .errors import LinkRunError, Refused
-from .tools import nullable
 
 THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"
 CLIENT_THREAD_KEY = "threadId"  # Codex's own thread, in every tools/call's _meta
 DEFAULT_THREAD = "default"  # the conversation of a plain client that names none
-START_LOCK_WAIT = 5.0
-DAY = 86400
 MAX_WAIT = 30
 STOP_WAIT = 5.0
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
-LOOK_PATIENCE = 2.0  # seconds a read looks again while rotations come between its two looks
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
-
-_ID = {"type": "string", "description": "The command's id, as start answered it."}
-_ENTRY = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "program": {"type": "string"},
-        "args": {"type": "array", "items": {"type": "string"}},
-        "folder": {"type": "string"},
-        "state": {"type": "string", "enum": ["starting", "running", "exited", "stopped", "timed out", "lost", "failed to start"]},
-        "exit": nullable("integer"),
-        "signal": nullable("string"),
-        "seconds": {"type": "number"},
-        "bytes": {"type": "integer"},
-        "started": {"type": "string"},
-        "told": {"type": "string", "enum": ["untold", "telling", "told", "given up", "no way in"]},
-        "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
-                          '"tasks" (a fork was refused at its task limit), or null.'),
-    },
-    "required": ["id", "program", "args", "folder", "state", "exit", "signal", "seconds", "bytes", "started", "told",
-                 "limit"],
-}
-
-
-def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
-    b = settings.background
-    no_way_in = b.way_in is None
-    told = ("use list, and read with wait, to learn how it ended" if no_way_in
-            else "a message from run:<id> tells this conversation how it ended")
-    hints = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": settings.proxy}
-    read_only = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
-    return {
-        "start": {
-            "name": "start", "title": "Start a background command",
-            "description": (f"Start a program as command would, in the background, and answer at once with its id; "
-                            f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
-                            "streams as one, goes to background/<id>.out in the files folder."),
-            "inputSchema": {"type": "object", "properties": run_properties, "required": ["program"],
-                            "additionalProperties": False},
-            "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
-                             "required": ["id", "output"]},
-            "annotations": {"title": "Start a background command", **hints},
-        },
-        "list": {
-            "name": "list", "title": "List background commands",
-            "description": "Each background command this conversation started, running or ended, newest first.",
-            "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
-            "outputSchema": {"type": "object", "properties": {"commands": {"type": "array", "items": _ENTRY}},
-                             "required": ["commands"]},
-            "annotations": {"title": "List background commands", **read_only},
-        },
-        "read": {
-            "name": "read", "title": "Read a background command's output",
-            "description": ("A background command's output from byte `offset` (go on from the answer's `next`), or "
-                            "without offset its last bytes; `wait` (seconds, at most 30) waits for more output "
-                            "or its end."),
-            "inputSchema": {"type": "object", "properties": {
-                "id": _ID,
-                "offset": {"type": "integer", "minimum": 0, "description": "The byte to read from, counted from its first byte."},
-                "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
-                         "description": "Seconds to wait when there is nothing new yet (at most 30)."},
-            }, "required": ["id"], "additionalProperties": False},
-            "outputSchema": {"type": "object", "properties": {
-                "id": {"type": "string"}, "state": {"type": "string"}, "offset": {"type": "integer"},
-                "next": {"type": "integer"}, "kept_from": {"type": "integer"}, "total": {"type": "integer"},
-                "dropped": {"type": "integer", "description": "Bytes lost to a full disk (only when some were)."},
-                "text": {"type": "string", "description": "The returned bytes (offset to next), decoded."},
-            }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
-            "annotations": {"title": "Read a background command's output", **read_only},
-        },
-        "stop": {
-            "name": "stop", "title": "Stop a background command",
-            "description": "Stop a background command with everything it started, and answer how it ended.",
-            "inputSchema": {"type": "object", "properties": {"id": _ID}, "required": ["id"], "additionalProperties": False},
-            "outputSchema": _ENTRY,
-            "annotations": {"title": "Stop a background command", "readOnlyHint": False, "destructiveHint": True,
-                            "idempotentHint": True, "openWorldHint": False},
-        },
-    }
-
 
 def conversation(meta: dict, way_in: bool) -> tuple[str, int]:
     """The call's conversation and its hops.
@@ -151,15 +65,17 @@ class Background:
         self.b = settings.background
         self.state = self.b.state
         self.files_fd = files_fd_getter
-        self.watcher = Watcher(self)
+        self.watcher = Watcher((self.state, os.path.join(settings.files, "background")))
         self.supervisor_argv = None  # found at the first start
+        self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
 
     def conversation(self, meta: dict) -> tuple[str, int]:
         return conversation(meta, self.b.way_in is not None)
 
     # -- start ----------------------------------------------------------------
 
-    def start(self, request, argv_tail: list[str], arguments: dict, meta: dict) -> dict:
+    def start(self, request, argv_tail: list[str], arguments: dict, meta: dict) -> str:
+        """The new command's id."""
         thread, hops = self.conversation(meta)
         if hops >= self.b.hops:
             raise Refused(f"this call is {hops} hops from a person, and start is allowed below {self.b.hops}",
@@ -167,10 +83,10 @@ class Background:
         background_fd = self.background_folder()
         os.close(background_fd)
         records.ensure_state(self.state)
-        with self.start_lock():
+        with admission.start_lock(self.state):
             if os.path.exists(os.path.join(self.state, "removed")):
                 raise Refused("this agent is being removed", "no command can start any more")
-            self.check_caps()
+            admission.check_caps(self.state, self.b.running, self.b.per_day)
             # 2. The lock first, so no sweep ever sees a new record with a free lock.
             while True:
                 command_id = records.new_id()
@@ -192,18 +108,18 @@ class Background:
                                        f"{problem.strerror}", "free space on its disk; nothing was started") from None
                 # Counted before the spawn: a serve killed between the two
                 # must never leave a command running that the cap missed.
-                counted = self.count_start(record["started"])
+                counted = admission.count_start(self.state, record["started"])
                 # 4. The supervisor, detached; its intermediate exits at once.
                 code = self.spawn_supervisor(command_id, lock_fd)
             finally:
                 os.close(lock_fd)
             if code != 0:
-                self.uncount_start(counted)
+                admission.uncount_start(self.state, counted)
                 record.update(state="failed to start", ended=records.now(), told="told")
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
                                    f"its log is {records.path(self.state, command_id, '.log')}")
-        return {"id": command_id, "output": f"background/{command_id}.out"}
+        return command_id
 
     def forget(self, command_id: str) -> None:
         """A start cut short before its supervisor: its files, the lock last (the caller holds it)."""
@@ -227,78 +143,6 @@ class Background:
             raise Refused(f"the files folder's background/ {problem.why}",
                           "background commands need background/ to be a folder of the files folder; "
                           "remove what is there") from None
-
-    def start_lock(self):
-        path = os.path.join(self.state, "start.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + START_LOCK_WAIT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-                    os.close(fd)
-                    raise Refused(f"the state folder's start lock is held by process {holder} for over "
-                                  f"{START_LOCK_WAIT:.0f} s", "try again; if it stays, that process is stuck") from None
-                time.sleep(0.01)  # flock has no timed wait: retry without blocking
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        return _Held(fd)
-
-    def check_caps(self):
-        """1. What runs against --background, the day's starts against --background-per-day."""
-        running = 0
-        for command_id in records.ids(self.state):
-            record = records.load(self.state, command_id)
-            if record and record.get("state") in records.RUNNING_STATES and records.is_held(self.state, command_id):
-                running += 1
-        if running >= self.b.running:
-            raise Refused(f"{running} background commands run already, the most at once",
-                          "a place frees up when one ends: wait for one, or stop one (list shows them)")
-        now = records.now()
-        starts = self.starts_since(now - DAY)
-        if len(starts) >= self.b.per_day:
-            frees = datetime.fromtimestamp(min(starts) + DAY).astimezone().isoformat(timespec="seconds")
-            raise Refused(f"{len(starts)} background commands started in the last 24 hours, the most in a day",
-                          f"a place frees up at {frees}")
-
-    def count_start(self, when: float) -> int:
-        """Append a start to `starts` (under start.lock); returns the file's
-        size before it, for `uncount_start`. Now and then the lines older
-        than a day are dropped first, so the file stays small."""
-        path = os.path.join(self.state, "starts")
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            size = 0
-        if size > 64 * 1024:
-            recent = self.starts_since(records.now() - DAY)
-            temporary = path + ".new"
-            with open(temporary, "w") as f:
-                f.writelines(f"{t:.3f}\n" for t in recent)
-            os.replace(temporary, path)
-        with open(path, "a") as f:
-            before = f.tell()
-            f.write(f"{when:.3f}\n")
-        return before
-
-    def uncount_start(self, before: int) -> None:
-        """Take back the start `count_start` just added (still under start.lock):
-        a spawn that failed ran nothing."""
-        os.truncate(os.path.join(self.state, "starts"), before)
-
-    def starts_since(self, since: float) -> list[float]:
-        now = records.now()
-        try:
-            with open(os.path.join(self.state, "starts")) as f:
-                times = [min(float(line), now) for line in f if line.strip()]  # the future counts as now
-        except FileNotFoundError:
-            return []
-        except ValueError:
-            times = []
-        return [t for t in times if t > since]
 
     def new_record(self, command_id, request, argv_tail, arguments, thread, hops) -> dict:
         s, b = self.settings, self.b
@@ -351,11 +195,8 @@ class Background:
                 self.run_sweep()
                 untold = any((r := records.load(self.state, i)) and r.get("told") in ("untold", "telling")
                              for i in records.ids(self.state))
-                self.sweep_now.wait(60 if untold else 600)
-                self.sweep_now.clear()
+                time.sleep(60 if untold else 600)
 
-        self.sweep_now = threading.Event()
-        self.ready = threading.Event()
         threading.Thread(target=loop, daemon=True, name="sweeps").start()
 
     def run_sweep(self):
@@ -383,7 +224,8 @@ class Background:
             raise Refused(UNKNOWN.format(id=command_id))
         return record
 
-    def list(self, meta: dict) -> dict:
+    def list(self, meta: dict) -> list[dict]:
+        """This conversation's commands, newest first, as entries."""
         thread, _ = self.conversation(meta)
         own = []
         for command_id in records.ids(self.state):
@@ -399,7 +241,7 @@ class Background:
                 record = records.load(self.state, command_id) or record
             own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)
-        return {"commands": [self.entry(r) for r in own]}
+        return [self.entry(r) for r in own]
 
     def entry(self, record: dict) -> dict:
         running = record["state"] in records.RUNNING_STATES
@@ -416,14 +258,13 @@ class Background:
         }
 
     def output_total(self, record: dict) -> int | None:
-        """The output's total by its file and a record that names that file."""
         try:
-            with self.looked_at(record["id"]) as look:
-                return None if look.fd is None else look.kept_from + look.size
-        except (LinkRunError, OSError):
+            with self.output_folder() as folder:
+                return outfile.output_total(folder, self.state, record["id"])
+        except (LinkRunError, OSError, outfile.Removed):
             return None
 
-    def read(self, arguments: dict, meta: dict, progress=None) -> tuple[dict, str]:
+    def read(self, arguments: dict, meta: dict, progress=None) -> ReadChunk:
         command_id = arguments.get("id")
         record = self.own_record(command_id, meta)
         offset = arguments.get("offset")
@@ -439,129 +280,30 @@ class Background:
                 seen = self.watcher.changes(record["id"])
                 chunk = self.read_once(record["id"], offset)
                 now = time.monotonic()
-                if chunk["bytes"] or chunk["ended"] or now >= deadline:
+                if chunk.data or chunk.ended or now >= deadline:
                     break
                 waited = round(wait - (deadline - now), 1)
                 if progress is not None and (reported is None or waited >= reported + PROGRESS_EVERY):
                     progress(waited, wait)
                     reported = waited
                 self.watcher.wait_change(record["id"], seen, min(1.0, deadline - now))
-        return self.read_answer(chunk, offset)
+        return chunk
 
-    def read_once(self, command_id: str, offset: int | None) -> dict:
-        """One consistent look at the output file and its record."""
-        with self.looked_at(command_id) as look:
-            if look.fd is None:
-                return {"record": look.record, "bytes": b"", "offset": 0, "kept_from": 0, "total": 0,
-                        "ended": look.record["state"] not in records.RUNNING_STATES}
-            return self.read_at(look, offset)
+    def read_once(self, command_id: str, offset: int | None) -> ReadChunk:
+        try:
+            with self.output_folder() as folder:
+                return outfile.read_once(folder, self.state, command_id, offset, self.settings.output)
+        except outfile.Removed:
+            raise Refused(UNKNOWN.format(id=command_id)) from None
 
     @contextlib.contextmanager
-    def looked_at(self, command_id: str) -> Iterator[_Look]:
-        """The output file, open, with a record that names it (as the current
-        file or the one before): so the bytes are read at their own offsets.
-
-        Looks again while a rotation runs between the two looks (two rotations
-        in between, or a record write held up by a slow disk), for up to
-        LOOK_PATIENCE seconds.
-        """
-        background_fd = self.background_folder(create=False)
+    def output_folder(self) -> Iterator[int]:
+        """`background/`, open, for the reads of output files."""
+        folder = self.background_folder(create=False)
         try:
-            deadline, pause = time.monotonic() + LOOK_PATIENCE, 0.001
-            while True:
-                try:
-                    fd = outfile.open_output(background_fd, command_id)
-                except OSError as error:
-                    if error.errno == errno.ELOOP:
-                        raise Refused(f"background/{command_id}.out is a link, which is never followed",
-                                      "the output is not readable") from None
-                    raise
-                try:
-                    record = records.load(self.state, command_id)
-                    if record is None:
-                        raise Refused(UNKNOWN.format(id=command_id))  # removed meanwhile
-                except BaseException:
-                    if fd is not None:
-                        os.close(fd)
-                    raise
-                look = self._match(fd, record)
-                if look is not None:
-                    break
-                if time.monotonic() > deadline:
-                    raise LinkRunError(f"the output of {command_id} kept changing under the read", "read again")
-                time.sleep(pause)
-                pause = min(2 * pause, 0.05)
+            yield folder
         finally:
-            os.close(background_fd)
-        try:
-            yield look
-        finally:
-            if look.fd is not None:
-                os.close(look.fd)
-
-    @staticmethod
-    def _match(fd: int | None, record: dict) -> _Look | None:
-        """The look, or None (the descriptor closed) when the record names other files."""
-        if fd is None:  # none yet, or removed by hand (a rotation renames over it, never removes it)
-            return _Look(None, 0, record, 0)
-        info = os.fstat(fd)
-        kept_from = outfile.kept_from_of(record, info.st_ino)
-        if kept_from is None:
-            os.close(fd)
-            return None
-        return _Look(fd, info.st_size, record, kept_from)
-
-    def read_at(self, look: _Look, offset: int | None) -> dict:
-        record, kept_from = look.record, look.kept_from
-        total = kept_from + look.size
-        limit = self.settings.output
-        ended = record["state"] not in records.RUNNING_STATES
-        if offset is None:
-            start = max(kept_from, total - limit)
-        else:
-            start = min(max(offset, kept_from), total)
-        data = os.pread(look.fd, min(limit, total - start), start - kept_from) if start < total else b""
-        if start > kept_from or offset is None or offset < kept_from:
-            trimmed = utf8_tail(data)  # never start inside a character
-            start += len(data) - len(trimmed)
-            data = trimmed
-        if start + len(data) < total or not ended:
-            data = utf8_head(data)  # a character still being written waits for the next read
-        return {"record": record, "bytes": data, "offset": start, "kept_from": kept_from, "total": total,
-                "ended": ended}
-
-    def read_answer(self, chunk: dict, asked: int | None) -> tuple[dict, str]:
-        """The structured value, and the text: a header line (id, state, the
-        byte range, and any note), then exactly the bytes, so that no note can
-        pass for the program's own output."""
-        record = chunk["record"]
-        start, data, total = chunk["offset"], chunk["bytes"], chunk["total"]
-        end = start + len(data)
-        text = data.decode("utf-8", errors="replace")
-        # The text again: structured-first clients give the model this value alone.
-        structured = {"id": record["id"], "state": record["state"], "offset": start, "next": end,
-                      "kept_from": chunk["kept_from"], "total": total, "text": text}
-        dropped = record.get("dropped") or 0
-        if dropped:
-            structured["dropped"] = dropped
-        header = [record["id"], record["state"], f"bytes {start}–{end} of {total}"]
-        if asked is not None and asked < chunk["kept_from"]:
-            full = f"; the disk was full: {dropped} of them were lost to it" if dropped else ""
-            header.append(f"bytes {asked}–{chunk['kept_from']} dropped (only the last "
-                          f"{self.b.output} bytes are kept{full})")
-        elif dropped and start == chunk["kept_from"]:  # the losses lie before the kept bytes
-            header.append(f"the disk was full for a while: {dropped} bytes of its output were lost to it")
-        if end == total and chunk["ended"]:
-            header.append("ended: no more output")
-        elif end == total and not data:
-            header.append("nothing new yet: read again with wait")
-        if record.get("proxy") and record.get("leader_pid"):
-            from .internet import refused, refused_note
-
-            hosts = refused(self.state, record["started"], record["leader_pid"])
-            if hosts:
-                header.append(refused_note(hosts, self.state))
-        return structured, " · ".join(header) + "\n" + text
+            os.close(folder)
 
     def stop(self, arguments: dict, meta: dict) -> dict:
         command_id = arguments.get("id")
@@ -583,29 +325,9 @@ class Background:
         return self.entry(record)
 
     def sweep_one(self, command_id: str):
-        try:
-            from . import sweep
-        except ImportError:
-            return
+        from . import sweep  # only here: it loads the telling
+
         sweep.sweep_record(self.state, command_id)
-
-
-class _Look(NamedTuple):
-    fd: int | None  # the output file, open; None when there is none
-    size: int
-    record: dict
-    kept_from: int  # where this file starts in the output
-
-
-class _Held:
-    def __init__(self, fd):
-        self.fd = fd
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)  # releases the flock
 
 
 def _write_new(path: str, data: bytes):
@@ -620,95 +342,3 @@ def _write_new(path: str, data: bytes):
 
 def iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).astimezone().isoformat(timespec="seconds")
-
-
-class Watcher:
-    """serve's one watch of the state folder and background/, for every read
-    and stop that waits. It runs only while someone waits, and wakes a waiter
-    only on a change to its own command's files (a write, a rename, a new or
-    removed file), never on a mere open or read: an idle server, and a waiting
-    one, use no CPU."""
-
-    def __init__(self, background: Background):
-        self.background = background
-        self.condition = threading.Condition()
-        self.counts: dict[str, int] = {}  # command id -> changes to its files seen while watching
-        self.waiters = 0
-        self.observer = None
-
-    def watching(self, wanted: bool):
-        watcher = self
-
-        class Scope:
-            def __enter__(self):
-                if wanted:
-                    watcher._join()
-
-            def __exit__(self, *exc):
-                if wanted:
-                    watcher._leave()
-
-        return Scope()
-
-    def _join(self):
-        with self.condition:
-            self.waiters += 1
-            if self.observer is None:
-                self.observer = self._start()
-
-    def _leave(self):
-        with self.condition:
-            self.waiters -= 1
-            observer = self.observer if self.waiters == 0 else None
-            if self.waiters == 0:
-                self.observer = None
-                self.counts.clear()  # nobody holds a count any more
-        if observer:
-            observer.stop()
-
-    def _start(self):
-        try:
-            from watchdog.events import (
-                FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent,
-                FileSystemEventHandler,
-            )
-            from watchdog.observers import Observer
-        except ImportError:
-            return None
-        watcher = self
-        changes = [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent]
-
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event):
-                if type(event) in changes:  # the filter below keeps the kernel from sending the rest
-                    watcher._changed(event.src_path, event.dest_path)
-
-        observer = Observer()
-        observer.daemon = True
-        try:
-            for folder in (self.background.state, os.path.join(self.background.settings.files, "background")):
-                observer.schedule(Handler(), folder, recursive=False, event_filter=changes)
-            observer.start()
-        except OSError as problem:  # inotify exhausted: the waits fall back to their slices
-            print(f"lnk-link-run serve: cannot watch for output ({problem}); reads that wait check "
-                  "every second", file=sys.stderr)
-            return None
-        return observer
-
-    def _changed(self, *paths: str | bytes) -> None:
-        # <id>.out, <id>.json, <id>.json.<hex>.tmp, <id>.stop, ...: the id is the name up to its first dot.
-        ids = {os.fsdecode(os.path.basename(p)).split(".", 1)[0] for p in paths if p}
-        with self.condition:
-            for command_id in ids:
-                self.counts[command_id] = self.counts.get(command_id, 0) + 1
-            self.condition.notify_all()
-
-    def changes(self, command_id: str) -> int:
-        """How many changes to this command's files were seen: give it to `wait_change`."""
-        with self.condition:
-            return self.counts.get(command_id, 0)
-
-    def wait_change(self, command_id: str, seen: int, timeout: float) -> None:
-        """Until a change to the command's files after `seen`, or `timeout` seconds."""
-        with self.condition:
-            self.condition.wait_for(lambda: self.counts.get(command_id, 0) != seen, max(0.0, timeout))

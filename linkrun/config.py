@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from .address import AGENT_ID, parse_address
 from .errors import LinkRunError, UsageError
-from .units import format_duration  # noqa: F401  (background.py's import, until it takes it from units)
 
 # A call's limits → the cgroup controller that enforces each (cgroups.py).
 CONTROLLERS = {"memory": "memory", "tasks": "pids", "cpu": "cpu"}

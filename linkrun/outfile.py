@@ -18,11 +18,17 @@ one's place, at the offset where the output then is.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
 
+from . import records
+from .capture import utf8_head, utf8_tail
+from .errors import LinkRunError, Refused
 from .group import CHUNK
 from .group import grow_pipe as grow_pipe  # where the supervisor's spawn looks for it
 # Read and write: a rotation copies the newest bytes out of the old file.
@@ -30,6 +36,7 @@ OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 RETRY_FULL_DISK = 1.0  # seconds between tries while a disk is full
 FULL = (errno.ENOSPC, errno.EDQUOT)
 ROOM_MARGIN = 64 * 1024  # left free when a rotation on a full disk keeps what fits
+LOOK_PATIENCE = 2.0  # seconds a read looks again while rotations come between its two looks
 
 
 def open_background(files: str) -> int:
@@ -260,3 +267,117 @@ def _unlink(name: str, folder_fd: int) -> None:
         os.unlink(name, dir_fd=folder_fd)
     except FileNotFoundError:
         pass
+
+
+# -- the reader: serve's side of the rotation ----------------------------------------
+
+
+class Removed(Exception):
+    """The command's record went away under the read."""
+
+
+@dataclass(frozen=True)
+class ReadChunk:
+    """What one read found: bytes [offset, next) of the output, of `total` so far."""
+
+    record: dict
+    data: bytes
+    offset: int
+    kept_from: int  # where the kept bytes start
+    total: int
+    ended: bool  # the command ended: no more output comes
+
+    @property
+    def next(self) -> int:
+        return self.offset + len(self.data)
+
+
+class Look(NamedTuple):
+    fd: int | None  # the output file, open; None when there is none
+    size: int
+    record: dict
+    kept_from: int  # where this file starts in the output
+
+
+def read_once(folder_fd: int, state: str, command_id: str, offset: int | None, limit: int) -> ReadChunk:
+    """One consistent look at the output file and its record: at most `limit`
+    bytes from `offset`, or without it the last `limit` bytes."""
+    with looked_at(folder_fd, state, command_id) as look:
+        if look.fd is None:
+            return ReadChunk(look.record, b"", 0, 0, 0, look.record["state"] not in records.RUNNING_STATES)
+        return read_at(look, offset, limit)
+
+
+def output_total(folder_fd: int, state: str, command_id: str) -> int | None:
+    """The output's total by its file and a record that names that file."""
+    with looked_at(folder_fd, state, command_id) as look:
+        return None if look.fd is None else look.kept_from + look.size
+
+
+@contextlib.contextmanager
+def looked_at(folder_fd: int, state: str, command_id: str) -> Iterator[Look]:
+    """The output file, open, with a record that names it (as the current
+    file or the one before): so the bytes are read at their own offsets.
+
+    Looks again while a rotation runs between the two looks (two rotations
+    in between, or a record write held up by a slow disk), for up to
+    LOOK_PATIENCE seconds.
+    """
+    deadline, pause = time.monotonic() + LOOK_PATIENCE, 0.001
+    while (look := _look(folder_fd, state, command_id)) is None:
+        if time.monotonic() > deadline:
+            raise LinkRunError(f"the output of {command_id} kept changing under the read", "read again")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+    try:
+        yield look
+    finally:
+        if look.fd is not None:
+            os.close(look.fd)
+
+
+def _look(folder_fd: int, state: str, command_id: str) -> Look | None:
+    """The file, then the record: the look, or None when they do not match."""
+    try:
+        fd = open_output(folder_fd, command_id)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise Refused(f"background/{command_id}.out is a link, which is never followed",
+                          "the output is not readable") from None
+        raise
+    try:
+        record = records.load(state, command_id)
+        if record is None:
+            raise Removed(command_id)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return _match(fd, record)
+
+
+def _match(fd: int | None, record: dict) -> Look | None:
+    """The look, or None (the descriptor closed) when the record names other files."""
+    if fd is None:  # none yet, or removed by hand (a rotation renames over it, never removes it)
+        return Look(None, 0, record, 0)
+    info = os.fstat(fd)
+    kept_from = kept_from_of(record, info.st_ino)
+    if kept_from is None:
+        os.close(fd)
+        return None
+    return Look(fd, info.st_size, record, kept_from)
+
+
+def read_at(look: Look, offset: int | None, limit: int) -> ReadChunk:
+    record, kept_from = look.record, look.kept_from
+    total = kept_from + look.size
+    ended = record["state"] not in records.RUNNING_STATES
+    start = max(kept_from, total - limit) if offset is None else min(max(offset, kept_from), total)
+    data = os.pread(look.fd, min(limit, total - start), start - kept_from) if start < total else b""
+    if start > kept_from or offset is None or offset < kept_from:
+        trimmed = utf8_tail(data)  # never start inside a character
+        start += len(data) - len(trimmed)
+        data = trimmed
+    if start + len(data) < total or not ended:
+        data = utf8_head(data)  # a character still being written waits for the next read
+    return ReadChunk(record, data, start, kept_from, total, ended)

@@ -210,27 +210,11 @@ class Supervisor:
 
     def watch_stop(self):
         try:
-            from watchdog.events import FileSystemEventHandler
-            from watchdog.observers import Observer
-
-            supervisor = self
+            from .watch import watch_paths  # here, on the watch thread: it loads watchdog
 
             # The stop file, and a sweep's wake file while we tell (§4).
-            watched = (supervisor.stop_path, records.path(supervisor.state, supervisor.id, ".wake"))
-
-            class StopHandler(FileSystemEventHandler):
-                def on_any_event(self, event):
-                    if event.src_path in watched or getattr(event, "dest_path", "") in watched:
-                        try:
-                            os.write(supervisor.wake_w, b"s")
-                        except BlockingIOError:
-                            pass  # a wake is already pending
-
-            observer = Observer()
-            observer.schedule(StopHandler(), self.state, recursive=False)
-            observer.daemon = True
-            observer.start()
-            self.observer = observer
+            watched = (self.stop_path, records.path(self.state, self.id, ".wake"))
+            self.observer = watch_paths(self.state, watched, self.wake_for_stop)
             self.poll_every = None
         except OSError as problem:  # inotify instances or watches ran out
             self.log(f"cannot watch the state folder ({problem}); checking for a stop every 250 ms")
@@ -239,6 +223,12 @@ class Supervisor:
             os.write(self.wake_w, b"w")  # the loop looks for the stop file once more
         except BlockingIOError:
             pass
+
+    def wake_for_stop(self) -> None:
+        try:
+            os.write(self.wake_w, b"s")
+        except BlockingIOError:
+            pass  # a wake is already pending
 
     # -- step 3 ---------------------------------------------------------------
 

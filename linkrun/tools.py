@@ -163,7 +163,8 @@ class Tools:
         if settings.programs:
             self.table["command"] = self._command_tool()
         if settings.offers_background:
-            from .background import Background, tool_table
+            from .background import Background
+            from .background_tools import tool_table
 
             self.background = Background(settings, self._files_descriptor)
             table = tool_table(dict(_RUN_PROPERTIES), settings)
@@ -320,30 +321,26 @@ class Tools:
             return ToolResult(_cut_values(f"Failed: {failure}", arguments), is_error=True)
 
     def _background(self, name: str, arguments: dict, context: CallContext) -> ToolResult:
+        from . import background_tools as answers
+
         background = self.background
         if name == "start":
             request = self.check_run(arguments)
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
             with self.launch(request, watch_init=False) as launch:  # a planted link is refused now, not in the gate
                 _check_exec_size(launch)
-            answer = background.start(request, self.argv_tail(request), arguments, context.meta)
-            how = ("a message from run:{id} will tell this conversation how it ended"
-                   if self.settings.background.way_in else "use read with wait, or list, to learn how it ends")
-            text = (f"Started {answer['id']}: {arguments['program']} {' '.join(request.args)}".rstrip()
-                    + f"\nIts output goes to {answer['output']}; " + how.format(id=answer["id"]) + ".")
-            return ToolResult(text, answer)
+            command_id = background.start(request, self.argv_tail(request), arguments, context.meta)
+            return answers.start_answer(command_id, arguments["program"], request.args, self.settings)
         if name == "list":
-            answer = background.list(context.meta)
-            return ToolResult(_list_text(answer["commands"]), answer)
+            return answers.list_answer(background.list(context.meta))
         if name == "read":
             report = None
             if context.progress is not None:
                 def report(waited, wait):
                     context.progress(waited, wait, "waiting for output")
-            structured, text = background.read(arguments, context.meta, report)
-            return ToolResult(text, structured, header=True)
-        entry = background.stop(arguments, context.meta)
-        return ToolResult(_list_text([entry]), entry)
+            chunk = background.read(arguments, context.meta, report)
+            return answers.read_answer(chunk, arguments.get("offset"), self.settings)
+        return answers.stop_answer(background.stop(arguments, context.meta))
 
     def _files_descriptor(self) -> int:
         if self._files_fd is None:
@@ -439,26 +436,6 @@ def _refused_write(outcome: runner.Outcome) -> bool:
     # strerror. Only the kept bytes are looked at: cheap, and enough for a hint.
     needle = b"Read-only file system"
     return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
-
-
-def _list_text(entries: list[dict]) -> str:
-    if not entries:
-        return "No background command of this conversation's."
-    lines = []
-    for e in entries:
-        how = e["state"]
-        if e["exit"] is not None:
-            how += f" (exit {e['exit']})"
-        elif e["signal"]:
-            how += f" ({e['signal']})"
-        if e.get("limit") == "memory":
-            how += ", killed at its memory limit"
-        elif e.get("limit") == "tasks":
-            how += ", a fork refused at its task limit"
-        command = " ".join([e["program"], *e["args"]])
-        lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
-                     f"told: {e['told']}\n  {command}  (in {e['folder']})")
-    return "\n".join(lines)
 
 
 def _check_path_size(what: str, path: str) -> None:

@@ -1,0 +1,105 @@
+"""Admission of a background command (step 1): the caps, under the state
+folder's start lock, and the `starts` file that counts the day's starts.
+
+A start holds `start.lock` from its check of the caps until its supervisor is
+spawned, so two serves of one agent never both take the last place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from datetime import datetime
+
+from . import records
+from .errors import Refused
+
+START_LOCK_WAIT = 5.0
+DAY = 86400
+STARTS_KEPT = 64 * 1024  # bytes of `starts` past which its old lines are dropped
+
+
+@contextlib.contextmanager
+def start_lock(state: str) -> Iterator[None]:
+    """The state folder's start lock, held while the block runs; it names its holder."""
+    fd = os.open(os.path.join(state, "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        _lock(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _lock(fd: int) -> None:
+    deadline = time.monotonic() + START_LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+                raise Refused(f"the state folder's start lock is held by process {holder} for over "
+                              f"{START_LOCK_WAIT:.0f} s", "try again; if it stays, that process is stuck") from None
+            time.sleep(0.01)  # flock has no timed wait: retry without blocking
+
+
+def check_caps(state: str, running_cap: int, per_day: int) -> None:
+    """1. What runs against --background, the day's starts against --background-per-day."""
+    running = 0
+    for command_id in records.ids(state):
+        record = records.load(state, command_id)
+        if record and record.get("state") in records.RUNNING_STATES and records.is_held(state, command_id):
+            running += 1
+    if running >= running_cap:
+        raise Refused(f"{running} background commands run already, the most at once",
+                      "a place frees up when one ends: wait for one, or stop one (list shows them)")
+    starts = starts_since(state, records.now() - DAY)
+    if len(starts) >= per_day:
+        frees = datetime.fromtimestamp(min(starts) + DAY).astimezone().isoformat(timespec="seconds")
+        raise Refused(f"{len(starts)} background commands started in the last 24 hours, the most in a day",
+                      f"a place frees up at {frees}")
+
+
+def count_start(state: str, when: float) -> int:
+    """Append a start to `starts` (under start.lock); returns the file's
+    size before it, for `uncount_start`. Now and then the lines older
+    than a day are dropped first, so the file stays small."""
+    path = os.path.join(state, "starts")
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        size = 0
+    if size > STARTS_KEPT:
+        recent = starts_since(state, records.now() - DAY)
+        temporary = path + ".new"
+        with open(temporary, "w") as f:
+            f.writelines(f"{t:.3f}\n" for t in recent)
+        os.replace(temporary, path)
+    with open(path, "a") as f:
+        before = f.tell()
+        f.write(f"{when:.3f}\n")
+    return before
+
+
+def uncount_start(state: str, before: int) -> None:
+    """Take back the start `count_start` just added (still under start.lock):
+    a spawn that failed ran nothing."""
+    os.truncate(os.path.join(state, "starts"), before)
+
+
+def starts_since(state: str, since: float) -> list[float]:
+    now = records.now()
+    try:
+        with open(os.path.join(state, "starts")) as f:
+            times = [min(float(line), now) for line in f if line.strip()]  # the future counts as now
+    except FileNotFoundError:
+        return []
+    except ValueError:
+        times = []
+    return [t for t in times if t > since]

@@ -1,0 +1,168 @@
+"""The background tools' part of the tool layer: their schemas and answers.
+
+background.py works on records and output files and returns plain values;
+here they become what a client sees: the structured value and the text.
+"""
+
+from __future__ import annotations
+
+from .background import MAX_WAIT
+from .config import Serve
+from .units import format_duration
+from .outfile import ReadChunk
+from .tools import ToolResult, nullable
+
+_ID = {"type": "string", "description": "The command's id, as start answered it."}
+_ENTRY = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "program": {"type": "string"},
+        "args": {"type": "array", "items": {"type": "string"}},
+        "folder": {"type": "string"},
+        "state": {"type": "string", "enum": ["starting", "running", "exited", "stopped", "timed out", "lost", "failed to start"]},
+        "exit": nullable("integer"),
+        "signal": nullable("string"),
+        "seconds": {"type": "number"},
+        "bytes": {"type": "integer"},
+        "started": {"type": "string"},
+        "told": {"type": "string", "enum": ["untold", "telling", "told", "given up", "no way in"]},
+        "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
+                          '"tasks" (a fork was refused at its task limit), or null.'),
+    },
+    "required": ["id", "program", "args", "folder", "state", "exit", "signal", "seconds", "bytes", "started", "told",
+                 "limit"],
+}
+
+
+def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
+    b = settings.background
+    no_way_in = b.way_in is None
+    told = ("use list, and read with wait, to learn how it ended" if no_way_in
+            else "a message from run:<id> tells this conversation how it ended")
+    hints = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": settings.proxy}
+    read_only = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
+    return {
+        "start": {
+            "name": "start", "title": "Start a background command",
+            "description": (f"Start a program as command would, in the background, and answer at once with its id; "
+                            f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
+                            "streams as one, goes to background/<id>.out in the files folder."),
+            "inputSchema": {"type": "object", "properties": run_properties, "required": ["program"],
+                            "additionalProperties": False},
+            "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
+                             "required": ["id", "output"]},
+            "annotations": {"title": "Start a background command", **hints},
+        },
+        "list": {
+            "name": "list", "title": "List background commands",
+            "description": "Each background command this conversation started, running or ended, newest first.",
+            "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
+            "outputSchema": {"type": "object", "properties": {"commands": {"type": "array", "items": _ENTRY}},
+                             "required": ["commands"]},
+            "annotations": {"title": "List background commands", **read_only},
+        },
+        "read": {
+            "name": "read", "title": "Read a background command's output",
+            "description": ("A background command's output from byte `offset` (go on from the answer's `next`), or "
+                            "without offset its last bytes; `wait` (seconds, at most 30) waits for more output "
+                            "or its end."),
+            "inputSchema": {"type": "object", "properties": {
+                "id": _ID,
+                "offset": {"type": "integer", "minimum": 0, "description": "The byte to read from, counted from its first byte."},
+                "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
+                         "description": "Seconds to wait when there is nothing new yet (at most 30)."},
+            }, "required": ["id"], "additionalProperties": False},
+            "outputSchema": {"type": "object", "properties": {
+                "id": {"type": "string"}, "state": {"type": "string"}, "offset": {"type": "integer"},
+                "next": {"type": "integer"}, "kept_from": {"type": "integer"}, "total": {"type": "integer"},
+                "dropped": {"type": "integer", "description": "Bytes lost to a full disk (only when some were)."},
+                "text": {"type": "string", "description": "The returned bytes (offset to next), decoded."},
+            }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
+            "annotations": {"title": "Read a background command's output", **read_only},
+        },
+        "stop": {
+            "name": "stop", "title": "Stop a background command",
+            "description": "Stop a background command with everything it started, and answer how it ended.",
+            "inputSchema": {"type": "object", "properties": {"id": _ID}, "required": ["id"], "additionalProperties": False},
+            "outputSchema": _ENTRY,
+            "annotations": {"title": "Stop a background command", "readOnlyHint": False, "destructiveHint": True,
+                            "idempotentHint": True, "openWorldHint": False},
+        },
+    }
+
+
+def start_answer(command_id: str, program: str, args: tuple[str, ...], settings: Serve) -> ToolResult:
+    output = f"background/{command_id}.out"
+    how = (f"a message from run:{command_id} will tell this conversation how it ended"
+           if settings.background.way_in else "use read with wait, or list, to learn how it ends")
+    text = (f"Started {command_id}: {program} {' '.join(args)}".rstrip()
+            + f"\nIts output goes to {output}; " + how + ".")
+    return ToolResult(text, {"id": command_id, "output": output})
+
+
+def list_answer(entries: list[dict]) -> ToolResult:
+    return ToolResult(list_text(entries), {"commands": entries})
+
+
+def stop_answer(entry: dict) -> ToolResult:
+    return ToolResult(list_text([entry]), entry)
+
+
+def list_text(entries: list[dict]) -> str:
+    if not entries:
+        return "No background command of this conversation's."
+    lines = []
+    for e in entries:
+        how = e["state"]
+        if e["exit"] is not None:
+            how += f" (exit {e['exit']})"
+        elif e["signal"]:
+            how += f" ({e['signal']})"
+        if e.get("limit") == "memory":
+            how += ", killed at its memory limit"
+        elif e.get("limit") == "tasks":
+            how += ", a fork refused at its task limit"
+        command = " ".join([e["program"], *e["args"]])
+        lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
+                     f"told: {e['told']}\n  {command}  (in {e['folder']})")
+    return "\n".join(lines)
+
+
+def read_answer(chunk: ReadChunk, asked: int | None, settings: Serve) -> ToolResult:
+    """The structured value, and the text: a header line (id, state, the byte
+    range, and any note), then exactly the bytes, so that no note can pass for
+    the program's own output."""
+    record = chunk.record
+    text = chunk.data.decode("utf-8", errors="replace")
+    # The text again: structured-first clients give the model this value alone.
+    structured = {"id": record["id"], "state": record["state"], "offset": chunk.offset, "next": chunk.next,
+                  "kept_from": chunk.kept_from, "total": chunk.total, "text": text}
+    dropped = record.get("dropped") or 0
+    if dropped:
+        structured["dropped"] = dropped
+    header = " · ".join([record["id"], record["state"], f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
+                         *_read_notes(chunk, asked, dropped, settings)])
+    return ToolResult(header + "\n" + text, structured, header=True)
+
+
+def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, settings: Serve) -> list[str]:
+    notes = []
+    if asked is not None and asked < chunk.kept_from:
+        full = f"; the disk was full: {dropped} of them were lost to it" if dropped else ""
+        notes.append(f"bytes {asked}–{chunk.kept_from} dropped (only the last "
+                     f"{settings.background.output} bytes are kept{full})")
+    elif dropped and chunk.offset == chunk.kept_from:  # the losses lie before the kept bytes
+        notes.append(f"the disk was full for a while: {dropped} bytes of its output were lost to it")
+    if chunk.next == chunk.total and chunk.ended:
+        notes.append("ended: no more output")
+    elif chunk.next == chunk.total and not chunk.data:
+        notes.append("nothing new yet: read again with wait")
+    record = chunk.record
+    if record.get("proxy") and record.get("leader_pid"):
+        from .internet import refused, refused_note
+
+        hosts = refused(settings.background.state, record["started"], record["leader_pid"])
+        if hosts:
+            notes.append(refused_note(hosts, settings.background.state))
+    return notes

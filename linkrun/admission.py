@@ -8,13 +8,11 @@ spawned, so two serves of one agent never both take the last place.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import time
 from collections.abc import Iterator
 from datetime import datetime
 
-from . import records
+from . import filing, records
 from .errors import Refused
 
 START_LOCK_WAIT = 5.0
@@ -25,28 +23,23 @@ STARTS_KEPT = 64 * 1024  # bytes of `starts` past which its old lines are droppe
 @contextlib.contextmanager
 def start_lock(state: str) -> Iterator[None]:
     """The state folder's start lock, held while the block runs; it names its holder."""
-    fd = os.open(os.path.join(state, "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    path = os.path.join(state, records.START_LOCK)
     try:
-        _lock(fd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
+        with filing.hold(path, wait=START_LOCK_WAIT) as fd:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield
+    except filing.Held:
+        raise Refused(f"the state folder's start lock is held by process {_holder(path)} for over "
+                      f"{START_LOCK_WAIT:.0f} s", "try again; if it stays, that process is stuck") from None
 
 
-def _lock(fd: int) -> None:
-    deadline = time.monotonic() + START_LOCK_WAIT
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-                raise Refused(f"the state folder's start lock is held by process {holder} for over "
-                              f"{START_LOCK_WAIT:.0f} s", "try again; if it stays, that process is stuck") from None
-            time.sleep(0.01)  # flock has no timed wait: retry without blocking
+def _holder(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(32).decode(errors="replace").strip() or "another process"
+    except OSError:
+        return "another process"
 
 
 def check_caps(state: str, running_cap: int, per_day: int) -> None:
@@ -70,17 +63,14 @@ def count_start(state: str, when: float) -> int:
     """Append a start to `starts` (under start.lock); returns the file's
     size before it, for `uncount_start`. Now and then the lines older
     than a day are dropped first, so the file stays small."""
-    path = os.path.join(state, "starts")
+    path = os.path.join(state, records.STARTS)
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
         size = 0
     if size > STARTS_KEPT:
         recent = starts_since(state, records.now() - DAY)
-        temporary = path + ".new"
-        with open(temporary, "w") as f:
-            f.writelines(f"{t:.3f}\n" for t in recent)
-        os.replace(temporary, path)
+        filing.write_whole(path, "".join(f"{t:.3f}\n" for t in recent).encode())
     with open(path, "a") as f:
         before = f.tell()
         f.write(f"{when:.3f}\n")
@@ -90,13 +80,13 @@ def count_start(state: str, when: float) -> int:
 def uncount_start(state: str, before: int) -> None:
     """Take back the start `count_start` just added (still under start.lock):
     a spawn that failed ran nothing."""
-    os.truncate(os.path.join(state, "starts"), before)
+    os.truncate(os.path.join(state, records.STARTS), before)
 
 
 def starts_since(state: str, since: float) -> list[float]:
     now = records.now()
     try:
-        with open(os.path.join(state, "starts")) as f:
+        with open(os.path.join(state, records.STARTS)) as f:
             times = [min(float(line), now) for line in f if line.strip()]  # the future counts as now
     except FileNotFoundError:
         return []

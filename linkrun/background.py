@@ -65,7 +65,7 @@ class Background:
         self.b = settings.background
         self.state = self.b.state
         self.files_fd = files_fd_getter
-        self.watcher = Watcher((self.state, os.path.join(settings.files, "background")))
+        self.watcher = Watcher((self.state, os.path.join(settings.files, records.BACKGROUND)))
         self.supervisor_argv = None  # found at the first start
         self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
 
@@ -84,7 +84,7 @@ class Background:
         os.close(background_fd)
         records.ensure_state(self.state)
         with admission.start_lock(self.state):
-            if os.path.exists(os.path.join(self.state, "removed")):
+            if os.path.exists(os.path.join(self.state, records.REMOVED)):
                 raise Refused("this agent is being removed", "no command can start any more")
             admission.check_caps(self.state, self.b.running, self.b.per_day)
             # 2. The lock first, so no sweep ever sees a new record with a free lock.
@@ -101,7 +101,7 @@ class Background:
                 try:
                     records.write(self.state, command_id, record)
                     if request.input:
-                        _write_new(records.path(self.state, command_id, ".in"), request.input)
+                        _write_new(records.path(self.state, command_id, records.INPUT), request.input)
                 except OSError as problem:
                     self.forget(command_id)  # we still hold its lock: nothing of it stays
                     raise LinkRunError(f"cannot write the command's record in the state folder {self.state}: "
@@ -115,15 +115,15 @@ class Background:
                 os.close(lock_fd)
             if code != 0:
                 admission.uncount_start(self.state, counted)
-                record.update(state="failed to start", ended=records.now(), told="told")
+                record.update(state=records.State.FAILED_TO_START, ended=records.now(), told=records.Told.TOLD)
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
-                                   f"its log is {records.path(self.state, command_id, '.log')}")
+                                   f"its log is {records.path(self.state, command_id, records.LOG)}")
         return command_id
 
     def forget(self, command_id: str) -> None:
         """A start cut short before its supervisor: its files, the lock last (the caller holds it)."""
-        for suffix in (".json", ".in", ".log", ".lock"):
+        for suffix in (records.RECORD, records.INPUT, records.LOG, records.LOCK):
             try:
                 os.unlink(records.path(self.state, command_id, suffix))
             except FileNotFoundError:
@@ -134,11 +134,11 @@ class Background:
         files_fd = self.files_fd()
         if create:
             try:
-                os.mkdir("background", 0o755, dir_fd=files_fd)
+                os.mkdir(records.BACKGROUND, 0o755, dir_fd=files_fd)
             except FileExistsError:
                 pass
         try:
-            return beneath.open_folder(files_fd, "background")
+            return beneath.open_folder(files_fd, records.BACKGROUND)
         except beneath.NotBeneath as problem:
             raise Refused(f"the files folder's background/ {problem.why}",
                           "background commands need background/ to be a folder of the files folder; "
@@ -146,23 +146,16 @@ class Background:
 
     def new_record(self, command_id, request, argv_tail, arguments, thread, hops) -> dict:
         s, b = self.settings, self.b
-        return {
-            "v": records.VERSION, "id": command_id, "argv": list(s.sandbox), "write": list(s.write),
-            "proxy": os.path.join(self.state, "proxy") if s.proxy else None, "seccomp": s.seccomp,
-            "files": s.files, "folder": request.folder, "program": arguments["program"],
-            "args": list(request.args), "program_argv": argv_tail, "started": records.now(),
-            "timeout": b.timeout, "output": s.output, "background_output": b.output, "keep": b.keep,
-            "way_in": b.way_in, "as": b.agent, "keyring": b.keyring, "thread": thread, "hops": hops,
-            "state": "starting", "group": None, "leader_pid": None, "leader_start": None, "boot_id": None,
-            "init_pid": None, "init_start": None,
-            "limits": s.limits.as_record() if s.limits is not None else None, "cgroup": None, "limit": None,
-            "inode": None, "kept_from": 0, "bytes": 0, "ended": None, "exit": None, "signal": None,
-            "told": "no way in" if b.way_in is None else "untold",
-            "first_try": None, "sweep_first_try": None, "told_at": None,
-        }
+        return records.new_record(
+            command_id, argv=list(s.sandbox), write=list(s.write),
+            proxy=os.path.join(self.state, records.PROXY_FOLDER) if s.proxy else None, seccomp=s.seccomp,
+            files=s.files, folder=request.folder, program=arguments["program"], args=list(request.args),
+            program_argv=argv_tail, timeout=b.timeout, output=s.output, background_output=b.output,
+            keep=b.keep, way_in=b.way_in, agent=b.agent, keyring=b.keyring, thread=thread, hops=hops,
+            limits=s.limits.as_record() if s.limits is not None else None)
 
     def spawn_supervisor(self, command_id: str, lock_fd: int) -> int:
-        log = os.open(records.path(self.state, command_id, ".log"),
+        log = os.open(records.path(self.state, command_id, records.LOG),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             if self.supervisor_argv is None:
@@ -193,7 +186,7 @@ class Background:
             self.ready.wait(2.0)
             while True:
                 self.run_sweep()
-                untold = any((r := records.load(self.state, i)) and r.get("told") in ("untold", "telling")
+                untold = any((r := records.load(self.state, i)) and r.get("told") in records.TO_TELL
                              for i in records.ids(self.state))
                 time.sleep(60 if untold else 600)
 

@@ -25,12 +25,12 @@ import sys
 import threading
 import time
 
+from . import filing, records
 from .errors import LinkRunError
 
-SETTINGS = "proxy.json"
-REFUSED = "proxy-refused.log"
-FOLDER = "proxy"
-SOCKET = "proxy.sock"
+# Named in records' layout of the state folder.
+SETTINGS, REFUSED, FOLDER, SOCKET = (records.PROXY_SETTINGS, records.PROXY_REFUSED, records.PROXY_FOLDER,
+                                     records.PROXY_SOCKET)
 INSIDE = "/run/lnk/proxy"
 RELAY_PORT = 3128
 RELAY_ADDRESS = f"http://127.0.0.1:{RELAY_PORT}"
@@ -99,11 +99,8 @@ def write_settings(state: str, hosts: list[str], route: str | None, way_in_port:
     import orjson
 
     os.makedirs(state, mode=0o700, exist_ok=True)
-    path = os.path.join(state, SETTINGS)
-    temporary = f"{path}.{os.getpid()}.new"
-    with open(temporary, "wb") as f:
-        f.write(orjson.dumps({"hosts": list(hosts), "route": route, "way_in_port": way_in_port}))
-    os.replace(temporary, path)
+    filing.write_whole(os.path.join(state, SETTINGS),
+                       orjson.dumps({"hosts": list(hosts), "route": route, "way_in_port": way_in_port}))
 
 
 def read_settings(state: str) -> Settings:
@@ -149,8 +146,9 @@ class Users:
                 self.proxy = None
             if self.fd is None:
                 read_settings(self.state)  # a clear error here, rather than a proxy that will not start
-                fd = os.open(os.path.join(self.state, "proxy.users"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                fd = os.open(os.path.join(self.state, records.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                             0o600)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # held until close(): longer than any one block
                 self.fd = fd
             deadline = time.monotonic() + timeout
             spawned = None
@@ -158,12 +156,12 @@ class Users:
                 now = time.monotonic()
                 # None running (or one on its way out): start one. A second
                 # started meanwhile finds proxy.lock held and leaves at once.
-                if not _held(os.path.join(self.state, "proxy.lock")) and (spawned is None or now - spawned > 1.0):
+                if not filing.is_held(os.path.join(self.state, records.PROXY_LOCK)) and (spawned is None or now - spawned > 1.0):
                     _spawn(self.state)
                     spawned = now
                 if now > deadline:
                     raise LinkRunError("the agent's internet proxy did not start",
-                                       f"its log is {os.path.join(self.state, 'proxy.log')}")
+                                       f"its log is {os.path.join(self.state, records.PROXY_LOG)}")
                 time.sleep(0.005)  # no event tells when another process's socket starts listening
             self.proxy = _watch(pid, socket_path(self.state))
 
@@ -213,24 +211,13 @@ def short_path(folder_fd: int, name: str) -> str:
     return f"/proc/self/fd/{folder_fd}/{name}"
 
 
-def _held(path: str) -> bool:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases what we took
-
-
 def _spawn(state: str) -> None:
     """Start a proxy detached, as supervisors are: a shell puts it in the
     background and exits, so it outlives whoever started it."""
     import subprocess
 
     argv = [sys.executable, "-I", "-m", "linkrun", "proxy", "--state", state]
-    log = os.open(os.path.join(state, "proxy.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    log = os.open(os.path.join(state, records.PROXY_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *argv], stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, check=True)

@@ -43,7 +43,7 @@ def open_background(files: str) -> int:
     """The files folder's `background/`, opened without following a link."""
     files_fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return os.open("background", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=files_fd)
+        return os.open(records.BACKGROUND, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=files_fd)
     finally:
         os.close(files_fd)
 
@@ -61,7 +61,7 @@ def kept_from_of(record: dict, inode: int) -> int | None:
 def open_output(folder_fd: int, command_id: str) -> int | None:
     """`<id>.out` for reading, never through a link (ELOOP); None when there is none."""
     try:
-        return os.open(f"{command_id}.out", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+        return os.open(records.output_name(command_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
     except FileNotFoundError:
         return None
 
@@ -113,7 +113,7 @@ class OutputFile:
     def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[dict], None],
                log: Callable[[str], None] = lambda text: None) -> OutputFile:
         folder_fd = open_background(files)
-        name = f"{command_id}.out"
+        name = records.output_name(command_id)
         try:
             fd = os.open(name, OPEN_NEW, 0o644, dir_fd=folder_fd)
         except BaseException:
@@ -219,7 +219,7 @@ class OutputFile:
         """Steps (a) to (e): a new file holding the newest `keep` bytes takes the
         old one's place. False, with nothing changed, when it cannot."""
         keep = min(keep, self.size)
-        next_name = self.name + ".next"
+        next_name = self.name + ".next"  # records.next_output_name
         try:
             _unlink(next_name, self.folder_fd)  # what a rotation cut short left
             new_fd = os.open(next_name, OPEN_NEW, 0o644, dir_fd=self.folder_fd)  # (a)

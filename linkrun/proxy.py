@@ -35,7 +35,7 @@ import struct
 import sys
 import time
 
-from . import internet
+from . import internet, records
 from .config import split_flags
 from .errors import LinkRunError, UsageError
 
@@ -392,7 +392,7 @@ def main(argv: list[str]) -> int:
     state = os.path.abspath(str(flags["--state"]))
     descriptors = _raise_descriptor_limit()
     internet.read_settings(state)  # a clear error in the log, rather than a proxy admitting nothing
-    lock = os.open(os.path.join(state, "proxy.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(os.path.join(state, records.PROXY_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -427,7 +427,7 @@ def _raise_descriptor_limit() -> int:
 
 async def _serve(proxy: Proxy, listener: socket.socket, state: str):
     server = await asyncio.start_unix_server(proxy.handle, sock=listener, limit=HEAD_MAX)
-    users = os.open(os.path.join(state, "proxy.users"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    users = os.open(os.path.join(state, records.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     async with server:
         while True:
             await asyncio.sleep(USERS_CHECK)

@@ -1,10 +1,11 @@
-"""The state folder: records ↔ orjson, atomic writes, and the flocks.
+"""The state folder, written once: its layout, the record (its states, its
+`told` values, its fields), records ↔ orjson, and the records' flocks.
 
-Per command, `<id>.lock` (its flock held by the supervisor for its whole
-life), `<id>.json` (the record), `<id>.in`, `<id>.log`, `<id>.stop`. A record
-is written whole or not at all: beside, fdatasync, renamed, the folder synced.
+A record is written whole or not at all (filing.write_whole): beside,
+fdatasync, renamed, the folder synced.
 
-Imported by serve, the supervisor and the sweep: stdlib and orjson only.
+Imported by serve, the supervisor, the sweep and the told message: stdlib
+only at import (orjson when a record is read or written), and no `typing`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,82 @@ import re
 import secrets
 import time
 
-import orjson
-
 from .errors import LinkRunError, UsageError
+from .filing import write_whole
 
 VERSION = 1
 ID = re.compile(r"[a-z2-7]{16}")  # matched whole (fullmatch)
-RUNNING_STATES = ("starting", "running")
-ENDED_STATES = ("exited", "stopped", "timed out", "lost", "failed to start")
+
+
+class State:
+    """A record's `state`: starting, then running, then one of the ends."""
+
+    STARTING = "starting"  # written by start; the supervisor has not begun the program
+    RUNNING = "running"  # the program runs (the supervisor wrote its group)
+    EXITED = "exited"  # it exited of itself, or was killed by a signal not ours
+    STOPPED = "stopped"  # `stop` asked (the reason is in the told text)
+    TIMED_OUT = "timed out"  # --background-timeout passed
+    LOST = "lost"  # its supervisor died, or the agent stopped: it ended unobserved
+    FAILED_TO_START = "failed to start"  # never ran
+
+
+class Told:
+    """A record's `told`: whether the conversation has heard of its end."""
+
+    UNTOLD = "untold"  # to be told (by its supervisor, else a sweep)
+    TELLING = "telling"  # a delivery is under way (a crash mid-way leaves it: tried again)
+    TOLD = "told"  # delivered (or the tool error said it: a failed spawn)
+    GIVEN_UP = "given up"  # the way in refused it, or stayed unreachable for the window
+    NO_WAY_IN = "no way in"  # serve has no way in: nobody is ever told
+
+
+# A stop file's reason that ends the command lost, not stopped: the agent (or
+# its service) stopping, told when the agent is back.
+AGENT_STOPPING = "agent stopping"
+
+RUNNING_STATES = (State.STARTING, State.RUNNING)
+ENDED_STATES = (State.EXITED, State.STOPPED, State.TIMED_OUT, State.LOST, State.FAILED_TO_START)
+TO_TELL = (Told.UNTOLD, Told.TELLING)
+SETTLED = (Told.TOLD, Told.GIVEN_UP, Told.NO_WAY_IN)  # nothing more to tell: its files may go once kept
+
+
+# -- the state folder's layout (DESIGN.md §3): every file, named here once ------------
+
+# Per command, `path(state, id, suffix)`:
+RECORD = ".json"  # the record, written whole
+LOCK = ".lock"  # its flock held by the supervisor for its whole life; the id is unique by O_EXCL on it
+INPUT = ".in"  # the program's input (0600), removed once fed
+LOG = ".log"  # the supervisor's stderr
+STOP = ".stop"  # a stop request holding its reason, linked into place
+WAKE = ".wake"  # a sweep's way in for a supervisor backing off, renamed into place
+
+# The state folder's own, `os.path.join(state, name)`:
+START_LOCK = "start.lock"  # held from the caps' check to the spawn; holds its holder's pid
+SWEEP_LOCK = "sweep.lock"  # one sweep at a time
+STARTS = "starts"  # one line per accepted start, for the day's cap
+REMOVED = "removed"  # once `remove` began: no start any more
+BAD = "bad"  # a subfolder: records set aside, where no reader looks
+SECCOMP = "seccomp.bpf"  # the sandbox's syscall filter, written by up
+PROXY_SETTINGS = "proxy.json"  # what the agent's proxy admits, written by up
+PROXY_FOLDER = "proxy"  # a subfolder holding only the proxy's socket, bound read-only in sandboxes
+PROXY_SOCKET = "proxy.sock"  # in PROXY_FOLDER
+PROXY_LOCK = "proxy.lock"  # held by the one running proxy
+PROXY_USERS = "proxy.users"  # shared by each serve and supervisor that needs the proxy
+PROXY_LOG = "proxy.log"  # the proxy's stderr
+PROXY_REFUSED = "proxy-refused.log"  # the latest refused connections (and `.old`)
+
+# In the files folder (the agent reads them; no sandbox writes them):
+BACKGROUND = "background"  # the folder of the output files, made with mkdirat, never a link
+
+
+def output_name(command_id: str) -> str:
+    """A command's output file, in BACKGROUND."""
+    return f"{command_id}.out"
+
+
+def next_output_name(command_id: str) -> str:
+    """The output file during a rotation, renamed over `output_name`."""
+    return f"{command_id}.out.next"
 
 
 def new_id() -> str:
@@ -33,6 +102,51 @@ def new_id() -> str:
 
 def path(state: str, command_id: str, suffix: str) -> str:
     return os.path.join(state, command_id + suffix)
+
+
+def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str | None, seccomp: str | None,
+               files: str, folder: str | None, program: str, args: list[str], program_argv: list[str],
+               timeout: float, output: int, background_output: int, keep: float, way_in: str | None,
+               agent: str | None, keyring: str | None, thread: str, hops: int, limits: dict | None) -> dict:
+    """A new record, state `starting`: every field of the format, in one place.
+
+    What start fixes (the supervisor needs it, the sweep and the tools read it):
+    `v` the format's version; `id`; `argv` the sandbox's argv, fixed part;
+    `write` and `proxy` (the proxy's socket folder, or None) for the per-call
+    part the gate appends; `seccomp` the filter's path or None; `files` the
+    files folder; `folder` the call's folder in it; `program`, `args` as the
+    agent gave them, `program_argv` as run; `started` (epoch seconds);
+    `timeout` (--background-timeout, seconds); `output` (serve's --output, for
+    the told text) and `background_output` (bytes kept); `keep` (seconds the
+    files stay once told); `way_in`, `as`, `keyring` (absolute) to tell by;
+    `thread` the conversation and `hops` from a person; `limits` the
+    [limits] as a dict, or None.
+
+    What the supervisor adds as it runs: `state` (State); `group`,
+    `leader_pid`, `leader_start` (clock ticks since boot), `boot_id`, and the
+    sandbox's `init_pid`, `init_start` (what a sweep may kill, checked against
+    reused pids); `cgroup` (its path) and `limit` (which limit it hit); the
+    output file's `inode`, `kept_from` (bytes dropped from its start),
+    `bytes` (written in all), `prev_inode`, `prev_kept_from` (the file before
+    the last rotation, for a reader in between) and `dropped` (bytes lost to a
+    full disk); `ended` (epoch seconds), `exit`, `signal`.
+
+    What the telling adds: `told` (Told); `first_try` (the supervisor's
+    window), `sweep_first_try` (the sweeps'), `told_at`.
+
+    Optional fields are absent or None until set (_OPTIONAL names their types).
+    """
+    return {
+        "v": VERSION, "id": command_id, "argv": argv, "write": write, "proxy": proxy, "seccomp": seccomp,
+        "files": files, "folder": folder, "program": program, "args": args, "program_argv": program_argv,
+        "started": now(), "timeout": timeout, "output": output, "background_output": background_output,
+        "keep": keep, "way_in": way_in, "as": agent, "keyring": keyring, "thread": thread, "hops": hops,
+        "state": State.STARTING, "group": None, "leader_pid": None, "leader_start": None, "boot_id": None,
+        "init_pid": None, "init_start": None, "limits": limits, "cgroup": None, "limit": None,
+        "inode": None, "kept_from": 0, "bytes": 0, "ended": None, "exit": None, "signal": None,
+        "told": Told.NO_WAY_IN if way_in is None else Told.UNTOLD,
+        "first_try": None, "sweep_first_try": None, "told_at": None,
+    }
 
 
 def ensure_state(state: str) -> None:
@@ -101,10 +215,12 @@ def load(state: str, command_id: str) -> dict | None:
 def load_strict(state: str, command_id: str) -> dict | None:
     """The record, None when there is none; BadRecord, saying why, when it is not whole."""
     try:
-        with open(path(state, command_id, ".json"), "rb") as f:
+        with open(path(state, command_id, RECORD), "rb") as f:
             data = f.read()
     except FileNotFoundError:
         return None
+    import orjson  # here, not at the top: the told message reads states without it
+
     try:
         record = orjson.loads(data)
     except orjson.JSONDecodeError as error:
@@ -141,9 +257,6 @@ def _kind_name(kind) -> str:
     return "number" if kind == _NUMBER else {str: "string", list: "list", int: "whole number"}[kind]
 
 
-BAD = "bad"  # the state folder's subfolder for records set aside
-
-
 def set_aside(state: str, command_id: str) -> str:
     """Move a bad record and its files (not its lock) into `<state>/bad/`,
     where no reader looks; the caller holds its lock and removes it after.
@@ -151,37 +264,16 @@ def set_aside(state: str, command_id: str) -> str:
     folder = os.path.join(state, BAD)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     for name in os.listdir(state):
-        if name.startswith(command_id + ".") and name != command_id + ".lock":
+        if name.startswith(command_id + ".") and name != command_id + LOCK:
             os.replace(os.path.join(state, name), os.path.join(folder, name))
-    return os.path.join(folder, command_id + ".json")
+    return os.path.join(folder, command_id + RECORD)
 
 
 def write(state: str, command_id: str, record: dict) -> None:
     """Write the record whole or not at all."""
-    final = path(state, command_id, ".json")
-    temporary = f"{final}.{secrets.token_hex(4)}.tmp"
-    data = orjson.dumps(record)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fdatasync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(temporary)
-        raise
-    os.close(fd)
-    os.rename(temporary, final)
-    sync_folder(state)
+    import orjson
 
-
-def sync_folder(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_whole(path(state, command_id, RECORD), orjson.dumps(record))
 
 
 def ids(state: str) -> list[str]:
@@ -190,12 +282,12 @@ def ids(state: str) -> list[str]:
         names = os.listdir(state)
     except FileNotFoundError:
         return []
-    return [name[:-5] for name in names if name.endswith(".json") and ID.fullmatch(name[:-5])]
+    return [name[:-5] for name in names if name.endswith(RECORD) and ID.fullmatch(name[:-5])]
 
 
 def create_lock(state: str, command_id: str) -> int:
     """Create `<id>.lock` exclusively and take its flock; the id is ours after this."""
-    fd = os.open(path(state, command_id, ".lock"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(path(state, command_id, LOCK), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     return fd
 
@@ -207,7 +299,7 @@ def try_lock(state: str, command_id: str) -> int | None:
     None when a supervisor holds it, or when the lock or the record went away
     or was replaced meanwhile.
     """
-    lock_path = path(state, command_id, ".lock")
+    lock_path = path(state, command_id, LOCK)
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -223,7 +315,7 @@ def try_lock(state: str, command_id: str) -> int | None:
         same = os.stat(lock_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         same = False
-    if not same or not os.path.exists(path(state, command_id, ".json")):
+    if not same or not os.path.exists(path(state, command_id, RECORD)):
         os.close(fd)
         return None
     return fd
@@ -233,7 +325,7 @@ def is_held(state: str, command_id: str) -> bool:
     """True while a supervisor holds the record's lock."""
     fd = try_lock(state, command_id)
     if fd is None:
-        return os.path.exists(path(state, command_id, ".lock"))
+        return os.path.exists(path(state, command_id, LOCK))
     os.close(fd)
     return False
 
@@ -258,7 +350,7 @@ def write_stop(state: str, command_id: str, reason: str) -> None:
     A link, unlike a rename, never replaces a stop file already there: the
     first reason wins.
     """
-    final = path(state, command_id, ".stop")
+    final = path(state, command_id, STOP)
     temporary = f"{final}.{secrets.token_hex(4)}.new"
     with open(temporary, "w") as f:
         f.write(reason)

@@ -40,7 +40,9 @@ import errno
 import os
 import struct
 
-NAME = "seccomp.bpf"  # in the state folder
+from . import filing, records
+
+NAME = records.SECCOMP  # in the state folder
 
 # linux/audit.h: the machine type with its 64-bit and little-endian bits.
 AUDIT_ARCH_X86_64 = 0xC000003E
@@ -204,18 +206,7 @@ def ensure(state: str, machine: str | None = None) -> str | None:
                 return path
     except FileNotFoundError:
         pass
-    # A name of this process's own: two `up`s of one agent never share one.
-    temporary = os.path.join(state, f".{NAME}.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            os.fchmod(f.fileno(), 0o644)  # whatever the umask
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    filing.write_whole(path, content, 0o644)
     return path
 
 

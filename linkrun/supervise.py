@@ -23,6 +23,7 @@ import threading
 import time
 
 from . import records
+from .records import AGENT_STOPPING, State, Told
 from .child import boottime, kill_group, signal_name
 from .errors import LinkRunError
 from .group import Leader, Stage, Watch, grow_pipe
@@ -88,7 +89,7 @@ class Supervisor:
     def __init__(self, command_id: str, state: str) -> None:
         self.id = command_id
         self.state = state
-        self.stop_path = records.path(state, command_id, ".stop")
+        self.stop_path = records.path(state, command_id, records.STOP)
         self.stopped_for: str | None = None  # the stop file's reason, once read
         self.record: dict = {}
         self.lock_fd = -1
@@ -142,7 +143,7 @@ class Supervisor:
                                             on_rotate=self.rotated, log=self.log)
         except OSError as problem:
             self.log(f"cannot create the output file: {problem}")
-            return self.finish("failed to start", None, None)
+            return self.finish(State.FAILED_TO_START, None, None)
 
         if os.path.exists(self.stop_path):
             return self.finish(self.stop_state(), None, None)
@@ -165,11 +166,11 @@ class Supervisor:
             self.log(f"nothing ran: {problem}")
             if self.launch is not None:
                 self.launch.close()  # and its cgroup, which nothing joined
-            return self.finish("failed to start", None, None)
+            return self.finish(State.FAILED_TO_START, None, None)
 
         # 4. The record names the group before anything runs.
         record.update(
-            state="running", group=self.gate.pid, leader_pid=self.gate.pid,
+            state=State.RUNNING, group=self.gate.pid, leader_pid=self.gate.pid,
             leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
             inode=self.output.inode, kept_from=0, bytes=0,
             cgroup=self.leader.cgroup.as_record() if self.leader.cgroup is not None else None,
@@ -204,7 +205,7 @@ class Supervisor:
             self.leader.kill()  # done already if the watch itself failed
             self.gate.wait()
             self.end_cgroup()
-            return self.finish("lost", None, None)
+            return self.finish(State.LOST, None, None)
 
     # -- step 2 ---------------------------------------------------------------
 
@@ -213,7 +214,7 @@ class Supervisor:
             from .watch import watch_paths  # here, on the watch thread: it loads watchdog
 
             # The stop file, and a sweep's wake file while we tell (§4).
-            watched = (self.stop_path, records.path(self.state, self.id, ".wake"))
+            watched = (self.stop_path, records.path(self.state, self.id, records.WAKE))
             self.observer = watch_paths(self.state, watched, self.wake_for_stop)
             self.poll_every = None
         except OSError as problem:  # inotify instances or watches ran out
@@ -255,7 +256,7 @@ class Supervisor:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         self.out_r = out_r
         grow_pipe(out_r)
-        input_path = records.path(self.state, self.id, ".in")
+        input_path = records.path(self.state, self.id, records.INPUT)
         try:
             stdin = os.open(input_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -295,8 +296,8 @@ class Supervisor:
         self.output.finish()
         ending = watch.ending
         if ending is None and self.signalled is not None:
-            ending = "lost"
-        return self.finish(ending or "exited", watch.exit, watch.signal)
+            ending = State.LOST
+        return self.finish(ending or State.EXITED, watch.exit, watch.signal)
 
     def end_cgroup(self) -> None:
         """Which limit bit, for the record; then the group goes, with whatever is left in it."""
@@ -309,7 +310,7 @@ class Supervisor:
         """At each wake: the agent's service stopping (a signal), or a stop file (step 8)."""
         if watch.ending is None and not watch.exited:
             if self.signalled is not None:
-                watch.stop("lost")
+                watch.stop(State.LOST)
             elif os.path.exists(self.stop_path):
                 watch.stop(self.stop_state())
         return self.poll_every
@@ -353,7 +354,7 @@ class Supervisor:
                     reason = f.read(64).decode("utf-8", "replace").strip()
             except OSError:
                 reason = ""
-            self.stopped_for = "lost" if reason == "agent stopping" else "stopped"
+            self.stopped_for = State.LOST if reason == AGENT_STOPPING else State.STOPPED
         return self.stopped_for
 
     # -- step 5 hook, and step 9 ----------------------------------------------
@@ -389,8 +390,8 @@ class Supervisor:
         if self.output is not None:
             record.update(inode=self.output.inode, kept_from=self.output.kept_from, bytes=self.output.total,
                           dropped=self.output.dropped)
-        if record.get("told") != "no way in":
-            record["told"] = "untold"
+        if record.get("told") != Told.NO_WAY_IN:
+            record["told"] = Told.UNTOLD
         try:
             self.save(record)
         except OSError as problem:  # the state folder is gone (removed): nothing to record in
@@ -400,7 +401,7 @@ class Supervisor:
         self.log(f"ended: {state}, exit {exit_code}, signal {record['signal']}, {record.get('bytes', 0)} bytes")
         # A lost command (the agent or its service stopping) is told by the
         # sweep when the agent is back, not now.
-        if record["told"] == "untold" and state != "lost":
+        if record["told"] == Told.UNTOLD and state != State.LOST:
             self.tell()
         # Done with the record: free it now, not after the teardown below, so
         # that `stop --state` and sweeps need not wait for the watch to end.

@@ -15,7 +15,8 @@ import signal
 import sys
 import time
 
-from . import records, telling
+from . import filing, records, telling
+from .records import State, Told
 from .outfile import measure
 from .address import AGENT_ID
 from .config import check_way_in, split_flags
@@ -60,29 +61,28 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict:
     if not os.path.isdir(state):
         return counts
     try:
-        lock = os.open(os.path.join(state, "sweep.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with filing.hold(os.path.join(state, records.SWEEP_LOCK), wait=0):
+            sweep_all(state, override, counts)
     except FileNotFoundError:
         return counts  # removed meanwhile
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(lock)
+    except filing.Held:
         return counts  # another sweep runs
-    try:
-        reachable = [True]  # one unreachable way in stops the telling for this run
-        names = os.listdir(state)
-        for name in names:
-            command_id = name[:-5]
-            if name.endswith(".json") and records.ID.fullmatch(command_id):
-                try:
-                    sweep_record(state, command_id, override, reachable, counts, names)
-                except Exception as problem:  # noqa: BLE001 - one record must not stop the others
-                    counts["failed"] += 1
-                    log(f"{command_id}: cannot sweep it: {problem!r}")
-        remove_orphan_locks(state)
-    finally:
-        os.close(lock)
     return counts
+
+
+def sweep_all(state: str, override: telling.WayIn | None, counts: dict) -> None:
+    """The pass itself, under sweep.lock."""
+    reachable = [True]  # one unreachable way in stops the telling for this run
+    names = os.listdir(state)
+    for name in names:
+        command_id = name[:-5]
+        if name.endswith(records.RECORD) and records.ID.fullmatch(command_id):
+            try:
+                sweep_record(state, command_id, override, reachable, counts, names)
+            except Exception as problem:  # noqa: BLE001 - one record must not stop the others
+                counts["failed"] += 1
+                log(f"{command_id}: cannot sweep it: {problem!r}")
+    remove_orphan_locks(state)
 
 
 def sweep_record(state: str, command_id: str, override: telling.WayIn | None = None,
@@ -106,13 +106,13 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
         if record["state"] in records.RUNNING_STATES:
             end_abandoned(state, record)
             counts["ended"] += 1
-        if record.get("told") in ("untold", "telling") and reachable[0]:
+        if record.get("told") in records.TO_TELL and reachable[0]:
             outcome = tell(state, record, override)
-            if outcome == "told":
+            if outcome == Told.TOLD:
                 counts["told"] += 1
             elif outcome == "not reached":
                 reachable[0] = False
-        if record.get("told") in ("told", "given up", "no way in") and expired(record):
+        if record.get("told") in records.SETTLED and expired(record):
             remove_files(state, record, names)
             counts["removed"] += 1
     finally:
@@ -126,7 +126,7 @@ def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | N
     record = records.load(state, command_id)
     if not isinstance(record, dict) or record.get("state") in records.RUNNING_STATES:
         return
-    if record.get("told") != "untold" or record.get("first_try") is None:
+    if record.get("told") != Told.UNTOLD or record.get("first_try") is None:
         return
     way_in = override or telling.WayIn.of(record)
     telling.write_wake(state, command_id, way_in)
@@ -136,9 +136,9 @@ def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | N
 def set_aside(state: str, command_id: str, why: str) -> None:
     """A bad record (we hold its lock): its files into `bad/`, named, and its lock removed."""
     where = records.set_aside(state, command_id)
-    _unlink(records.path(state, command_id, ".lock"))
+    _unlink(records.path(state, command_id, records.LOCK))
     log(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, stays in "
-        f"background/{command_id}.out of the files folder (lnk-link-run doctor names both)")
+        f"{records.BACKGROUND}/{records.output_name(command_id)} of the files folder (lnk-link-run doctor names both)")
 
 
 def remove_orphan_locks(state: str) -> None:
@@ -148,22 +148,16 @@ def remove_orphan_locks(state: str) -> None:
     record; and only a lock whose flock is free.
     """
     try:
-        guard = os.open(os.path.join(state, "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with filing.hold(os.path.join(state, records.START_LOCK), wait=0):
+            for name in os.listdir(state):
+                command_id = name[:-5]
+                if name.endswith(records.LOCK) and records.ID.match(command_id) and \
+                        not os.path.exists(records.path(state, command_id, records.RECORD)):
+                    _remove_if_free(records.path(state, command_id, records.LOCK))
+    except filing.Held:
+        return  # a start is under way: next time
     except OSError:
         return
-    try:
-        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(guard)
-        return  # a start is under way: next time
-    try:
-        for name in os.listdir(state):
-            command_id = name[:-5]
-            if name.endswith(".lock") and records.ID.match(command_id) and \
-                    not os.path.exists(records.path(state, command_id, ".json")):
-                _remove_if_free(records.path(state, command_id, ".lock"))
-    finally:
-        os.close(guard)
 
 
 def _remove_if_free(lock_path: str) -> None:
@@ -188,17 +182,17 @@ def _remove_if_free(lock_path: str) -> None:
 def end_abandoned(state: str, record: dict) -> None:
     """A record whose supervisor died: `starting` never ran, `running` was
     lost, with the bytes its output file holds."""
-    if record["state"] == "starting":
-        record.update(state="failed to start", ended=records.now())
+    if record["state"] == State.STARTING:
+        record.update(state=State.FAILED_TO_START, ended=records.now())
     else:
         kill_if_own(record)
-        record.update(state="lost", ended=last_sign_of_life(state, record))
+        record.update(state=State.LOST, ended=last_sign_of_life(state, record))
     measured = measure(record)
     if measured is not None:
         inode, kept_from, size = measured
         record.update(inode=inode, kept_from=kept_from, bytes=kept_from + size)
-    if record.get("told") != "no way in":
-        record["told"] = "untold"
+    if record.get("told") != Told.NO_WAY_IN:
+        record["told"] = Told.UNTOLD
     records.write(state, record["id"], record)
     log(f"{record['id']}: its supervisor is gone: {record['state']}")
 
@@ -243,8 +237,8 @@ def end_cgroup(record: dict) -> None:
 
 def last_sign_of_life(state: str, record: dict) -> float:
     times = []
-    for where in (records.path(state, record["id"], ".json"),
-                  os.path.join(record["files"], "background", f"{record['id']}.out")):
+    for where in (records.path(state, record["id"], records.RECORD),
+                  os.path.join(record["files"], records.BACKGROUND, records.output_name(record["id"]))):
         try:
             times.append(os.stat(where, follow_symlinks=False).st_mtime)
         except OSError:
@@ -260,10 +254,10 @@ def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     way_in = override or telling.WayIn.of(record)
     delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"))
     if delivery.outcome == "not reached" and now - min(record["sweep_first_try"], now) >= telling.WINDOW:
-        record["told"] = "given up"
+        record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)
         log(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
-        return "given up"
+        return Told.GIVEN_UP
     return delivery.outcome
 
 
@@ -283,7 +277,7 @@ def remove_files(state: str, record: dict, names: list[str] | None = None) -> No
     # Every file of it: the record, its input, log and stop file, and what a
     # write cut short left beside them (`<id>.json.<random>.tmp`).
     for name in names if names is not None else os.listdir(state):
-        if name.startswith(command_id + ".") and name != command_id + ".lock":
+        if name.startswith(command_id + ".") and name != command_id + records.LOCK:
             _unlink(os.path.join(state, name))
     try:
         from .outfile import open_background
@@ -292,13 +286,13 @@ def remove_files(state: str, record: dict, names: list[str] | None = None) -> No
     except OSError:
         folder = None
     if folder is not None:
-        for name in (f"{command_id}.out", f"{command_id}.out.next"):
+        for name in (records.output_name(command_id), records.next_output_name(command_id)):
             try:
                 os.unlink(name, dir_fd=folder)
             except FileNotFoundError:
                 pass
         os.close(folder)
-    _unlink(records.path(state, command_id, ".lock"))
+    _unlink(records.path(state, command_id, records.LOCK))
 
 
 def _unlink(path: str):
@@ -341,7 +335,7 @@ def main_stop(argv: list[str]) -> int:
     state = _state_flag(argv, "stop")
     if not os.path.isdir(state):
         return 0
-    stopped = stop_all(state, "agent stopping")
+    stopped = stop_all(state, records.AGENT_STOPPING)
     print(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back",
           file=sys.stderr)
     return 0
@@ -352,16 +346,11 @@ def main_remove(argv: list[str]) -> int:
     if not os.path.isdir(state):
         return 0
     # Under start.lock: no start can slip in between the mark and the stop.
-    lock = os.open(os.path.join(state, "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with open(os.path.join(state, "removed"), "w") as f:
-            f.write(f"{records.now():.3f}\n")
-    finally:
-        os.close(lock)
+    with filing.hold(os.path.join(state, records.START_LOCK)), open(os.path.join(state, records.REMOVED), "w") as f:
+        f.write(f"{records.now():.3f}\n")
     # As the agent stopping: they end lost and untold, and no supervisor
     # lingers telling an agent that is going away.
-    stop_all(state, "agent stopping")
+    stop_all(state, records.AGENT_STOPPING)
     for command_id in records.ids(state):
         fd = records.try_lock(state, command_id)
         if fd is None:

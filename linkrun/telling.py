@@ -19,6 +19,7 @@ from collections.abc import Callable
 import orjson
 
 from . import records
+from .records import Told
 
 # Ten minutes of trying, for the supervisor and again for the sweeps. The
 # variable exists so that tests can shorten the window instead of waiting it out.
@@ -47,7 +48,7 @@ def last_bytes(record: dict) -> bytes:
     except OSError:
         return b""
     try:
-        fd = os.open(f"{record['id']}.out", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        fd = os.open(records.output_name(record["id"]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
     except OSError:
         return b""
     finally:
@@ -60,7 +61,7 @@ def last_bytes(record: dict) -> bytes:
 
 
 class _NoWayIn:
-    outcome, retry_after, detail = "given up", None, "no way in to tell"
+    outcome, retry_after, detail = Told.GIVEN_UP, None, "no way in to tell"
 
 
 def tell_once(state: str, record: dict, way_in: WayIn, log):
@@ -72,20 +73,20 @@ def tell_once(state: str, record: dict, way_in: WayIn, log):
     from . import told, wayin
 
     if not way_in.address or not way_in.agent:
-        record["told"] = "given up"
+        record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)
         log("no way in to tell: given up")
         return _NoWayIn()
-    record["told"] = "telling"
+    record["told"] = Told.TELLING
     records.write(state, record["id"], record)
     text = told.told_text(record, last_bytes(record))
     delivery = wayin.send(way_in.address, way_in.agent, way_in.keyring or "", told.body(record, text))
-    if delivery.outcome == "told":
-        record.update(told="told", told_at=records.now())
-    elif delivery.outcome == "given up":
-        record["told"] = "given up"
+    if delivery.outcome == Told.TOLD:
+        record.update(told=Told.TOLD, told_at=records.now())
+    elif delivery.outcome == Told.GIVEN_UP:
+        record["told"] = Told.GIVEN_UP
     else:
-        record["told"] = "untold"
+        record["told"] = Told.UNTOLD
     records.write(state, record["id"], record)
     log(f"telling {way_in.address}: {delivery.outcome} ({delivery.detail})")
     return delivery
@@ -155,7 +156,7 @@ WAKE_MAX = 64 * 1024
 
 
 def wake_path(state: str, command_id: str) -> str:
-    return records.path(state, command_id, ".wake")
+    return records.path(state, command_id, records.WAKE)
 
 
 def write_wake(state: str, command_id: str, way_in: WayIn) -> None:

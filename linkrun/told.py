@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 
+from .records import State
 from .units import elapsed, format_duration, killed_by_note
 
 
@@ -30,11 +31,11 @@ def told_text(record: dict, last_bytes: bytes) -> str:
     id_ = record["id"]
     command = " ".join(_quoted(word) for word in [record["program"], *record.get("args", [])])
     first = f"Background command {id_} ({command}, started {_local_time(record['started'])}) {_ending(record)}"
-    if record["state"] == "failed to start":
+    if record["state"] == State.FAILED_TO_START:
         return first + "."
     total = int(record.get("bytes") or 0)
     dropped = int(record.get("kept_from") or 0)
-    ran = ("ran at least " if record["state"] == "lost" else "ran ") + elapsed(_seconds(record))
+    ran = ("ran at least " if record["state"] == State.LOST else "ran ") + elapsed(_seconds(record))
     if total == 0:
         return f"{first}; it {ran} and printed nothing."
     printed = f"printed {total} byte{'s' if total != 1 else ''}"
@@ -74,18 +75,18 @@ def _ending(record: dict) -> str:
 
 def _state_ending(record: dict) -> str:
     state = record["state"]
-    if state == "exited":
+    if state == State.EXITED:
         if record.get("signal"):
             return f"was killed by {record['signal']}"
         status = record.get("exit")
         return f"exited with status {status}" + killed_by_note(status)
-    if state == "timed out":
+    if state == State.TIMED_OUT:
         return f"timed out after {format_duration(record['timeout'])}"
-    if state == "stopped":
+    if state == State.STOPPED:
         return "was stopped"
-    if state == "lost":
+    if state == State.LOST:
         return "was lost: the agent or the computer stopped while it ran"
-    if state == "failed to start":
+    if state == State.FAILED_TO_START:
         return "could not be started (its supervisor died before it ran; nothing ran)"
     return f"ended {state}"
 

@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 
 from . import agent as agent_folder
-from . import doctor, internet, sandbox, seccomp
+from . import doctor, filing, internet, sandbox, seccomp
 from .address import AGENT_ID, parse_address
 from .config import check_way_in, parse_duration, parse_size, split_flags
 from .errors import LinkRunError, UsageError
@@ -85,12 +85,7 @@ def _keep(source: str, destination: str) -> None:
         return
     with open(source, "rb") as f:
         data = f.read()
-    temporary = f"{destination}.{os.getpid()}.new"
-    with open(temporary, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, destination)
+    filing.write_whole(destination, data, 0o644)
 
 
 def _plan(argv: list[str], environ: Mapping[str, str]):

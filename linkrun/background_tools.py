@@ -6,6 +6,7 @@ here they become what a client sees: the structured value and the text.
 
 from __future__ import annotations
 
+from . import records
 from .background import MAX_WAIT
 from .config import Serve
 from .units import format_duration
@@ -20,13 +21,13 @@ _ENTRY = {
         "program": {"type": "string"},
         "args": {"type": "array", "items": {"type": "string"}},
         "folder": {"type": "string"},
-        "state": {"type": "string", "enum": ["starting", "running", "exited", "stopped", "timed out", "lost", "failed to start"]},
+        "state": {"type": "string", "enum": list(records.RUNNING_STATES + records.ENDED_STATES)},
         "exit": nullable("integer"),
         "signal": nullable("string"),
         "seconds": {"type": "number"},
         "bytes": {"type": "integer"},
         "started": {"type": "string"},
-        "told": {"type": "string", "enum": ["untold", "telling", "told", "given up", "no way in"]},
+        "told": {"type": "string", "enum": list(records.TO_TELL + records.SETTLED)},
         "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
                           '"tasks" (a fork was refused at its task limit), or null.'),
     },

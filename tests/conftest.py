@@ -21,8 +21,8 @@ import orjson
 import pytest
 from site_helpers import SiteServer, serve_site
 
-# The stand-in way in's fixtures (keyring, short_dir, way_ins), for every test module.
-pytest_plugins = ["standin_helpers"]
+# The stand-in way in's fixtures (keyring, short_dir, way_ins), and the leak check, for every test module.
+pytest_plugins = ["standin_helpers", "leak_helpers"]
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -175,8 +175,12 @@ def _same_id(a, b) -> bool:
 
 
 def clean_env(**extra) -> dict:
-    """What an MCP client passes its server: a few variables, nothing of ours."""
+    """What an MCP client passes its server: a few variables, nothing of ours but the
+    running test's marker (the leak check finds what the test left by it)."""
     env = {k: os.environ[k] for k in ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER") if k in os.environ}
+    from leak_helpers import marker_env  # here: a plugin imported before it is registered is not rewritten
+
+    env.update(marker_env())
     env.update(extra)
     return env
 

@@ -25,6 +25,7 @@ import orjson
 import pytest
 from conftest import (PASS_THROUGH, RawServer, clean_env, require_sandbox, serve_argv, text_of,
                       wait_for)
+from leak_helpers import marker_env
 from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, initialize, kill_tagged, processes_with,
                         running_as_root, stop_background, up_command)
 
@@ -86,7 +87,7 @@ def start_up(workdir: Path, limits: str, who: str = "root", join: tuple[str, ...
     argv = up_command(python, workdir / "agent", sandbox_file, secrets.token_hex(8))
     if join:
         argv = ["/bin/sh", "-c", JOIN, "sh", *join, "--", *argv]
-    env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name}
+    env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name, **marker_env()}
     if as_tester:
         for path in (workdir, sandbox_file):
             os.chown(path, account.pw_uid, account.pw_gid)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conftest import LEGACY, SERVER, SYSTEM_PATH, RawServer, text_of, wait_for
+from leak_helpers import marker_env
 
 from linkrun import records
 
@@ -244,7 +245,7 @@ def start_up(who: str, workdir: Path, runtime: Path | None) -> Up:
     python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester else SERVER[:2]
     argv = up_command(python, workdir / "agent", sandbox_file, key_secret)
     env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name,
-           SECRET_VARIABLE: env_secret}
+           SECRET_VARIABLE: env_secret, **marker_env()}
     if as_tester:
         for path in (workdir, sandbox_file):
             os.chown(path, account.pw_uid, account.pw_gid)

@@ -13,7 +13,6 @@ Every answer here is checked against the outputSchema its tool declares.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -65,17 +64,6 @@ class Client:
 @pytest.fixture
 def client(servers, files) -> Client:
     return Client(servers(serve_argv(files)))
-
-
-@pytest.fixture
-def state(tmp_path: Path):
-    folder = tmp_path / "state"
-    yield folder
-    for command_id in records.ids(str(folder)):  # nothing a test started outlives it
-        if records.is_held(str(folder), command_id):
-            records.write_stop(str(folder), command_id, "stopped")
-            wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=10,
-                     what=f"the supervisor of {command_id} to end")
 
 
 @pytest.fixture

@@ -31,18 +31,6 @@ def background_argv(files: Path, state: Path, *way_in: str, output: str = "16M")
 
 
 @pytest.fixture
-def state(tmp_path: Path):
-    folder = tmp_path / "state"
-    yield folder
-    for command_id in records.ids(str(folder)):  # nothing a test started outlives it
-        if records.is_held(str(folder), command_id):
-            records.write_stop(str(folder), command_id, "stopped")
-    for command_id in records.ids(str(folder)):
-        wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=10,
-                 what=f"the supervisor of {command_id} to end")
-
-
-@pytest.fixture
 def plain(servers, files, state):
     server = servers(background_argv(files, state))
     server.initialize()

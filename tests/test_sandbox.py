@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVER, require_sandbox, wait_for
+from up_harness import processes_with
 from sandbox_helpers import Agent
 
 from linkrun import agent, sandbox
@@ -26,19 +27,6 @@ from linkrun.errors import LinkRunError
 def box(tmp_path) -> Agent:
     require_sandbox()
     return Agent(tmp_path, '[files]\nwrite = ["data"]\n')
-
-
-def host_processes_with(marker: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
 
 
 def fake_host(**changes) -> sandbox.Host:
@@ -251,7 +239,7 @@ def test_a_server_started_in_one_call_is_gone_at_the_next(box):
         "print('listening')\n")
     first = box.run("python3", "-c", serve)
     assert first.stdout == "listening\n", first.stderr
-    wait_for(lambda: not host_processes_with(marker), timeout=5, what="the first call's leftovers to die")
+    wait_for(lambda: not processes_with(marker), timeout=5, what="the first call's leftovers to die")
     second = box.run("python3", "-c", "import socket\ntry:\n socket.create_connection(('127.0.0.1', 8765), timeout=2)\n"
                      " print('REACHED')\nexcept OSError:\n print('refused')")
     assert second.stdout == "refused\n"
@@ -262,7 +250,7 @@ def test_a_process_left_in_the_background_of_a_call_does_not_outlive_it(box):
     done = box.sh(f"sleep {marker} & setsid sleep {marker} & nohup sleep {marker} >/dev/null 2>&1 & echo left")
     assert done.stdout == "left\n"
     # The call's pid namespace died with its program: nothing of it is left.
-    wait_for(lambda: not host_processes_with(marker), timeout=5, what="the background sleeps to die")
+    wait_for(lambda: not processes_with(marker), timeout=5, what="the background sleeps to die")
 
 
 def test_tmp_is_limited_in_size(tmp_path):
@@ -295,7 +283,7 @@ def test_a_fork_flood_is_contained(box):
     assert int(count) >= 200
     nproc = int(limits.split()[2])
     assert nproc >= 4096 and limits.split()[2] == limits.split()[3]
-    wait_for(lambda: not host_processes_with(marker), timeout=10, what="the flood to die with the call")
+    wait_for(lambda: not processes_with(marker), timeout=10, what="the flood to die with the call")
 
 
 def test_a_sandbox_runs_in_the_files_folder_and_prints_its_argv(box):

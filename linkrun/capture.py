@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from collections.abc import Callable
+
 from .group import CHUNK, grow_pipe
 
 
@@ -41,7 +43,7 @@ class Capture:
         self.total += count
         self._keep_tail(last)
 
-    def _keep_tail(self, data) -> None:
+    def _keep_tail(self, data: bytes | memoryview) -> None:
         """The last tail-size bytes of what was kept so far followed by `data`."""
         if len(data) >= self._tail_size:
             self.tail[:] = data[len(data) - self._tail_size:]
@@ -104,7 +106,7 @@ class Skimmer:
     the time `cat` takes to copy it, or less.
     """
 
-    _tee = None
+    _tee: tuple[Callable[..., int], Callable[[], int]] | None = None  # libc tee, loaded once
 
     def __init__(self) -> None:
         if Skimmer._tee is None:
@@ -125,6 +127,7 @@ class Skimmer:
             raise
 
     def skim(self, fd: int, capture: Capture) -> int:
+        assert Skimmer._tee is not None  # loaded by __init__
         tee, get_errno = Skimmer._tee
         count = tee(fd, self.side_w, CHUNK, 0)
         if count < 0:

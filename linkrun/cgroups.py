@@ -68,7 +68,8 @@ def _unescape(path: str) -> str:
 
 def mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[str | None, dict[str, tuple[str, str]]]:
     """The v2 mount point, and each v1 controller's (mount point, mount root)."""
-    v2, v1 = None, {}
+    v2: str | None = None
+    v1: dict[str, tuple[str, str]] = {}
     with open(mountinfo) as f:
         for line in f:
             before, _, after = line.partition(" - ")
@@ -86,7 +87,8 @@ def mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[str | None, dict[st
 
 def own_groups(cgroup: str = "/proc/self/cgroup") -> tuple[str | None, dict[str, str]]:
     """Our own v2 group, and our own group in each v1 controller's hierarchy."""
-    v2, v1 = None, {}
+    v2: str | None = None
+    v1: dict[str, str] = {}
     with open(cgroup) as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
@@ -151,14 +153,14 @@ def find(wanted: tuple[str, ...] = tuple(CONTROLLERS.values())) -> Place:
             missing[controller] = f"no cgroup v1 {controller} controller is mounted, and {why_v2}"
             continue
         point, root = v1_mounts[controller]
-        own = _below(point, root, v1_paths[controller])
-        if own is None:
+        group = _below(point, root, v1_paths[controller])
+        if group is None:
             missing[controller] = f"its cgroup v1 {controller} group is not shown here (a container), and {why_v2}"
-        elif not os.access(own, os.W_OK):
-            missing[controller] = (f"its cgroup v1 {controller} group ({own}) is writable only by root, "
+        elif not os.access(group, os.W_OK):
+            missing[controller] = (f"its cgroup v1 {controller} group ({group}) is writable only by root, "
                                    f"and {why_v2}")
         else:
-            folders[controller] = own
+            folders[controller] = group
     return Place(1 if folders else 0, folders, missing)
 
 
@@ -384,6 +386,7 @@ def _settings(version: int, controller: str, limits: Limits, folder: str) -> lis
         return [("memory.limit_in_bytes", memory)] + extra
     if controller == "pids":
         return [("pids.max", str(limits.tasks))]
+    assert limits.cpu is not None  # only a limit given names its controller
     quota = max(1000, limits.cpu * CPU_PERIOD // 100)
     if version == 2:
         return [("cpu.max", f"{quota} {CPU_PERIOD}")]

@@ -154,13 +154,23 @@ SERVE_USAGE = (
 )
 
 
-def split_flags(argv: list[str], valued: set[str], switches: set[str], repeatable: set[str]):
-    """argv → ({flag: value or [values] or True}, rest after `--` or None).
+class Flags(dict[str, str]):
+    """Each flag given once → its value (a switch's is ""); the repeatable ones in `many`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.many: dict[str, list[str]] = {}
+
+
+def split_flags(
+    argv: list[str], valued: set[str], switches: set[str], repeatable: set[str]
+) -> tuple[Flags, list[str] | None]:
+    """argv → (Flags, rest after `--` or None).
 
     Hand-rolled rather than argparse so that every error is one line naming the
     flag, and `--` splits exactly once (the sandbox argv has flags of its own).
     """
-    flags: dict[str, object] = {}
+    flags = Flags()
     index = 0
     while index < len(argv):
         arg = argv[index]
@@ -168,7 +178,7 @@ def split_flags(argv: list[str], valued: set[str], switches: set[str], repeatabl
             return flags, argv[index + 1:]
         name, eq, inline = arg.partition("=")
         if name in switches and not eq:
-            flags[name] = True
+            flags[name] = ""
             index += 1
             continue
         if name not in valued:
@@ -182,7 +192,7 @@ def split_flags(argv: list[str], valued: set[str], switches: set[str], repeatabl
         else:
             raise UsageError(f"{name} needs a value")
         if name in repeatable:
-            flags.setdefault(name, []).append(value)  # type: ignore[union-attr]
+            flags.many.setdefault(name, []).append(value)
         elif name in flags:
             raise UsageError(f"{name} is given twice", "give it once")
         else:
@@ -205,7 +215,7 @@ def parse_serve(argv: list[str]) -> Serve:
     if not os.path.isdir(files):
         raise UsageError(f"--files {files!r} is not a folder", "create it or give another")
 
-    programs = tuple(flags.get("--program", []))  # type: ignore[arg-type]
+    programs = tuple(flags.many.get("--program", []))
     for program in programs:
         if program != "*" and ("/" in program and not program.startswith("/")):
             raise UsageError(f"--program {program!r} is neither a bare name, an absolute path nor *")
@@ -213,14 +223,14 @@ def parse_serve(argv: list[str]) -> Serve:
             raise UsageError(f"--program {program!r} holds '=', a NUL or a newline, or is empty")
 
     variables = []
-    for item in flags.get("--var", []):  # type: ignore[union-attr]
+    for item in flags.many.get("--var", []):
         name, eq, value = item.partition("=")
         if not eq or not VAR_NAME.fullmatch(name) or "\0" in value:
             raise UsageError(f"--var {item!r} is not NAME=VALUE", "NAME is letters, digits and _")
         variables.append((name, value))
 
-    write = tuple(check_relative_folder("--write", w) for w in flags.get("--write", []))  # type: ignore[union-attr]
-    proxy = bool(flags.get("--proxy"))
+    write = tuple(check_relative_folder("--write", w) for w in flags.many.get("--write", []))
+    proxy = "--proxy" in flags
     if proxy and "--state" not in flags:
         raise UsageError("--proxy needs --state <dir>", "the agent's proxy lives in its state folder")
     seccomp = None
@@ -267,18 +277,18 @@ def parse_limits(flag: str, text: str) -> Limits:
     return Limits(**values)
 
 
-def _parse_background(flags: dict) -> Background | None:
+def _parse_background(flags: Flags) -> Background | None:
     background_flags = [f for f in _BACKGROUND_REQUIRED + ("--way-in", "--as", "--keyring", "--no-way-in") if f in flags]
     if "--state" not in flags:
         if background_flags:
             raise UsageError(f"{background_flags[0]} needs --state", "give --state <dir> or drop it")
         return None
-    if not background_flags and flags.get("--proxy"):
+    if not background_flags and "--proxy" in flags:
         return None  # a state folder for the proxy alone: no background commands
     for required in _BACKGROUND_REQUIRED:
         if required not in flags:
             raise UsageError(f"{required} is required with --state")
-    no_way_in = bool(flags.get("--no-way-in"))
+    no_way_in = "--no-way-in" in flags
     way_in = flags.get("--way-in")
     if no_way_in and (way_in or "--as" in flags or "--keyring" in flags):
         raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")

@@ -11,13 +11,15 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
 from . import cgroups, sandbox
 from .config import split_flags
 from .errors import LinkRunError
 from .launch import Sandbox, prepare
+
+Check = tuple[str, str, str]  # (level: ok, warn or FAIL; what; how to fix it)
 
 TROUBLESHOOTING = "docs/troubleshooting.md"
 
@@ -147,7 +149,7 @@ def scope_works() -> tuple[bool, str]:
     return False, (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
 
 
-def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]):
+def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]) -> Iterator[Check]:
     """Each check as (level, what, fix): level is ok, warn or FAIL."""
     folder = agent_folder.locate(agent_root)
     if sandbox_path is None and os.path.exists(folder.sandbox_file):
@@ -221,11 +223,11 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
 _LIMIT_WORDS = {"memory": "memory", "pids": "tasks", "cpu": "cpu"}
 
 
-def limit_checks(limits: cgroups.Limits, scope_works_here: bool, scope_why: str):
+def limit_checks(limits: cgroups.Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
     """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
     place = cgroups.find()
     held = place.holds(limits)
-    described = {"memory": f"memory {limits.memory // 1024**2}M", "pids": f"tasks {limits.tasks}",
+    described = {"memory": f"memory {(limits.memory or 0) // 1024**2}M", "pids": f"tasks {limits.tasks}",
                  "cpu": f"cpu {limits.cpu}%"}
     if held:
         yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \
@@ -253,7 +255,7 @@ def _limit_fix(scope_why: str) -> str:
             f"delegated scope; see 'Per-call limits' in {TROUBLESHOOTING}")
 
 
-def record_checks(agent_root: str):
+def record_checks(agent_root: str) -> Iterator[Check]:
     """Background records that are not whole: set aside by a sweep, or not yet."""
     from . import records
 
@@ -282,7 +284,7 @@ def main(argv: list[str]) -> int:
     environ = os.environ
     root = str(flags.get("--agent") or agent_folder.default_root(environ))
     failed = False
-    found = itertools.chain(checks(root, flags.get("--sandbox"), environ), record_checks(root))  # type: ignore[arg-type]
+    found = itertools.chain(checks(root, flags.get("--sandbox"), environ), record_checks(root))
     for level, what, fix in found:
         failed |= level == "FAIL"
         print(f"{level:<4} {what}" + (f"\n     → {fix}" if fix else ""))

@@ -23,6 +23,10 @@ from collections.abc import Callable, Sequence
 
 from .child import SLICE, boottime, exit_status, kill_group
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .cgroups import Group as Cgroup
+
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
 COALESCE = 0.0005  # seconds to let output gather between reads while it flows
@@ -62,7 +66,7 @@ class Leader:
         self.pgid = process.pid
         self.pidfd: int | None = os.pidfd_open(process.pid)
         self.sandbox_init: int | None = None
-        self.cgroup = None  # a cgroups.Group, when the launch has one
+        self.cgroup: Cgroup | None = None  # when the launch has one
         self.killed = False
         self._lock = threading.Lock()  # kill() may come from a cancelling thread
 
@@ -114,7 +118,10 @@ class Watch:
 
     def __init__(self, leader: Leader, deadline: float, *, stages: Sequence[Stage] = (),
                  leftover_grace: float = 0.0, log: Callable[[str], None] | None = None) -> None:
+        if leader.pidfd is None:
+            raise ValueError("a closed leader cannot be watched")
         self.leader = leader
+        self._pidfd = leader.pidfd
         self.deadline = deadline
         self.stages = stages
         self.leftover_grace = leftover_grace  # how long leftovers may hold the pipes after the exit
@@ -126,7 +133,7 @@ class Watch:
         self._stage = 0
         self._stage_at: float | None = None  # when the stop's next step is due
         self._poller = select.poll()
-        self._poller.register(leader.pidfd, select.POLLIN)
+        self._poller.register(self._pidfd, select.POLLIN)
         self._streams: dict[int, Callable[[int], int]] = {}
         self._handlers: dict[int, Callable[[], None]] = {}
 
@@ -170,7 +177,8 @@ class Watch:
                 soon = tick(self) if tick is not None else None
                 self._next_stage(now)
                 self._kill_leftovers(now)
-                if self.exited and now >= self._drained_by():
+                due = self._leftovers_due()
+                if due is not None and now >= due + SLICE:
                     break  # something outside the group holds the pipes: stop reading
                 self._poll(self._wake(now, soon))
         except BaseException:
@@ -195,11 +203,13 @@ class Watch:
             why = ""
 
     def _kill_leftovers(self, now: float) -> None:
-        if self.exited and not self.leader.killed and now >= self.exited_at + self.leftover_grace:
+        due = self._leftovers_due()
+        if due is not None and not self.leader.killed and now >= due:
             self.leader.kill()  # a leftover still holds the pipes
 
-    def _drained_by(self) -> float:
-        return self.exited_at + self.leftover_grace + SLICE
+    def _leftovers_due(self) -> float | None:
+        """When leftovers still holding the pipes are killed; None before the exit."""
+        return None if self.exited_at is None else self.exited_at + self.leftover_grace
 
     def _wake(self, now: float, soon: float | None) -> float:
         at = [now + SLICE]
@@ -207,8 +217,9 @@ class Watch:
             at.append(self.deadline)
         if self._stage_at is not None:
             at.append(self._stage_at)
-        if self.exited:
-            at.append(self._drained_by() if self.leader.killed else self.exited_at + self.leftover_grace)
+        due = self._leftovers_due()
+        if due is not None:
+            at.append(due + SLICE if self.leader.killed else due)
         if soon is not None:
             at.append(now + soon)
         return max(0.0, min(at) - now)
@@ -216,7 +227,7 @@ class Watch:
     def _poll(self, wake: float) -> None:
         flowing = False
         for fd, _event in self._poller.poll(wake * 1000):
-            if fd == self.leader.pidfd:
+            if fd == self._pidfd:
                 self._on_exit()
             elif fd in self._streams:
                 moved = self._streams[fd](fd)
@@ -232,8 +243,8 @@ class Watch:
             time.sleep(COALESCE)
 
     def _on_exit(self) -> None:
-        self._poller.unregister(self.leader.pidfd)
-        self.exit, self.signal = exit_status(self.leader.pidfd)
+        self._poller.unregister(self._pidfd)
+        self.exit, self.signal = exit_status(self._pidfd)
         self.exited_at = boottime()
         self._stage_at = None
         self.leader.kill_sandbox_init()  # the sandbox goes with its outer process

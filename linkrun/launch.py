@@ -171,13 +171,12 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
     from . import percall  # only a real sandbox pays for it
 
     own_fd = files_fd is None
-    if own_fd:
-        files_fd = os.open(sandbox.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(sandbox.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if files_fd is None else files_fd
     try:
-        part, fds = percall.call_part(files_fd, sandbox.files, sandbox.write, sandbox.proxy_dir, folder)
+        part, fds = percall.call_part(fd, sandbox.files, sandbox.write, sandbox.proxy_dir, folder)
     finally:
         if own_fd:
-            os.close(files_fd)
+            os.close(fd)
     launch = Launch([], fds, env={})
     try:
         if sandbox.seccomp is not None:

@@ -106,8 +106,8 @@ class OutputFile:
         self.dropping = False  # a disk was full: output is dropped until a new file can start
         self.retry_at = 0.0  # no rotation is tried before this (monotonic) time
         self.splice = True
-        self.buffer = None
-        self.null = None
+        self.buffer: bytearray | None = None
+        self.null: int | None = None
 
     @classmethod
     def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[dict], None],
@@ -247,7 +247,7 @@ class OutputFile:
         self.fd, self.inode, self.kept_from, self.size = new_fd, inode, kept_from, keep
         return True
 
-    def finish(self):
+    def finish(self) -> None:
         """At the end, cut once more: the last `cap` bytes are kept, never more
         (on a full disk, more rather than none). After a full disk the file
         must end where the output ends: a new empty one, if it can."""
@@ -373,6 +373,7 @@ def read_at(look: Look, offset: int | None, limit: int) -> ReadChunk:
     total = kept_from + look.size
     ended = record["state"] not in records.RUNNING_STATES
     start = max(kept_from, total - limit) if offset is None else min(max(offset, kept_from), total)
+    assert look.fd is not None  # read_once answers a look without a file itself
     data = os.pread(look.fd, min(limit, total - start), start - kept_from) if start < total else b""
     if start > kept_from or offset is None or offset < kept_from:
         trimmed = utf8_tail(data)  # never start inside a character

@@ -28,7 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .errors import Refused
 
@@ -191,7 +191,7 @@ def _find_repositories(write_fd: int, rel: str, files_path: str, found: list[tup
             os.close(a_fd)
 
 
-def _look(entries: os.ScandirIterator, rel: str, path: str, files_path: str,
+def _look(entries: Iterator[os.DirEntry[str]], rel: str, path: str, files_path: str,
           found: list[tuple[str, str, str]]) -> list[str]:
     """Record the repository of the folder at `path` (relative to the write
     folder) from its entries; return its subfolders worth looking into."""

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 
 import orjson
 
@@ -54,7 +55,7 @@ class Channel:
         threading.Thread(target=self._read_ahead, daemon=True, name="stdin").start()
         threading.Thread(target=self._write_queued, daemon=True, name="stdout").start()
 
-    def lines(self):
+    def lines(self) -> Iterator[bytes | None]:
         """Yield each non-blank line without its line ending; over-long ones as None.
         Ends at stdin's end, once stdout is gone, or when interrupted."""
         while True:
@@ -78,7 +79,7 @@ class Channel:
             self._eof = True
             self._arrived.notify_all()
 
-    def _stdin_lines(self):
+    def _stdin_lines(self) -> Iterator[bytes | None]:
         while True:
             line = self._in.readline(MAX_LINE)
             if not line:
@@ -92,7 +93,7 @@ class Channel:
             if line.strip():
                 yield line
 
-    def send(self, message, replaces: object = None) -> bool:
+    def send(self, message: object, replaces: object = None) -> bool:
         """Queue one message as one line; False once stdout is gone."""
         line = orjson.dumps(message) + b"\n"
         with self._ready:
@@ -126,7 +127,7 @@ class Channel:
             self.interrupted = True
             self._arrived.notify_all()
 
-    def close(self):
+    def close(self) -> None:
         with self._ready:
             self.closed = True
             self._queue.clear()
@@ -161,12 +162,12 @@ class Channel:
             return line
 
 
-def error(request_id, code: int, message: str, data=None) -> dict:
-    body = {"code": code, "message": message}
+def error(request_id: object, code: int, message: str, data: object = None) -> dict:
+    body: dict[str, object] = {"code": code, "message": message}
     if data is not None:
         body["data"] = data
     return {"jsonrpc": "2.0", "id": request_id, "error": body}
 
 
-def result(request_id, value: dict) -> dict:
+def result(request_id: object, value: dict) -> dict:
     return {"jsonrpc": "2.0", "id": request_id, "result": value}

@@ -198,9 +198,9 @@ class BadRecord(Exception):
 
 # What every reader of a record indexes, and the types it must have.
 _NUMBER = (int, float)
-_REQUIRED = {"id": str, "state": str, "thread": str, "started": _NUMBER, "files": str, "program": str,
+_REQUIRED: dict[str, type | tuple[type, ...]] = {"id": str, "state": str, "thread": str, "started": _NUMBER, "files": str, "program": str,
              "args": list, "told": str}
-_OPTIONAL = {"folder": str, "ended": _NUMBER, "keep": _NUMBER, "timeout": _NUMBER, "inode": int,
+_OPTIONAL: dict[str, type | tuple[type, ...]] = {"folder": str, "ended": _NUMBER, "keep": _NUMBER, "timeout": _NUMBER, "inode": int,
              "kept_from": int, "bytes": int, "prev_inode": int, "prev_kept_from": int, "dropped": int}
 
 
@@ -231,7 +231,7 @@ def load_strict(state: str, command_id: str) -> dict | None:
     return record
 
 
-def _fault(record, command_id: str) -> str | None:
+def _fault(record: object, command_id: str) -> str | None:
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not an object"
     for name, kind in _REQUIRED.items():
@@ -249,12 +249,12 @@ def _fault(record, command_id: str) -> str | None:
     return None
 
 
-def _is(value, kind) -> bool:
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
     return isinstance(value, kind) and not isinstance(value, bool)
 
 
-def _kind_name(kind) -> str:
-    return "number" if kind == _NUMBER else {str: "string", list: "list", int: "whole number"}[kind]
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return "number" if isinstance(kind, tuple) else {str: "string", list: "list", int: "whole number"}[kind]
 
 
 def set_aside(state: str, command_id: str) -> str:

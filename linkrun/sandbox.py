@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import agent as agent_folder
@@ -96,7 +96,7 @@ def parse(data: Mapping, source: str) -> SandboxFile:
                 raise LinkRunError(f"{source}: unknown key {key!r} in [{section}]",
                                    f"[{section}] takes {', '.join(sorted(_KEYS[section]))}")
 
-    def value(section: str, key: str):
+    def value(section: str, key: str) -> object:
         return data.get(section, {}).get(key, base[section][key])
 
     allow = _strings(value("commands", "allow"), source, "[commands] allow")
@@ -127,7 +127,7 @@ def parse(data: Mapping, source: str) -> SandboxFile:
 MIN_TASKS = 16  # the sandbox itself takes a few: the joining shell, bwrap, its init
 
 
-def _memory(value, source: str) -> str:
+def _memory(value: object, source: str) -> str:
     """`[limits] memory`: a size, or a share of this machine's memory ("25%")."""
     if isinstance(value, str) and value.endswith("%"):
         if value[:-1].isdigit() and 0 < int(value[:-1]) <= 100:
@@ -138,14 +138,14 @@ def _memory(value, source: str) -> str:
     return str(value)
 
 
-def _tasks(value, source: str) -> int:
+def _tasks(value: object, source: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= MIN_TASKS:
         return value
     raise LinkRunError(f"{source}: [limits] tasks = {value!r} is not a whole number of at least {MIN_TASKS}",
                        "write the most processes and threads a call may have at once, such as 1024")
 
 
-def _cpu(value, source: str) -> int | None:
+def _cpu(value: object, source: str) -> int | None:
     """`[limits] cpu`: a cap in percent of one core, as top counts ("200%": two cores' worth)."""
     if value is None:
         return None
@@ -204,13 +204,13 @@ def check_write(entries: Sequence[str], source: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(entries))
 
 
-def _strings(value, source: str, what: str) -> tuple[str, ...]:
+def _strings(value: object, source: str, what: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise LinkRunError(f"{source}: {what} is not a list of strings", f'write {what.split()[-1]} = ["..."]')
     return tuple(value)
 
 
-def _size(value, source: str, what: str) -> int:
+def _size(value: object, source: str, what: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     try:
@@ -315,7 +315,7 @@ def _etc_wanted(name: str) -> bool:
     return name in ETC_NAMES or any(fnmatch.fnmatchcase(name, p) for p in ETC_PATTERNS)
 
 
-def _entries(top: str, names: Sequence[str]):
+def _entries(top: str, names: Sequence[str]) -> Iterator[tuple[str, str | None]]:
     for name in names:
         path = os.path.join(top, name)
         if os.path.islink(path):
@@ -372,7 +372,10 @@ class Programs:
 
 
 def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder) -> Programs:
-    kept, missing, hidden, folders = [], [], [], []
+    kept: list[str] = []
+    missing: list[str] = []
+    hidden: list[tuple[str, str]] = []
+    folders: list[str] = []
     shown = system_folders(host) + [folder.files, folder.agent, folder.home]
     for program in allow:
         if program == "*":
@@ -503,7 +506,7 @@ def main(argv: list[str]) -> int:
     the sandbox itself. The program runs in the files folder, as a call does.
     """
     flags, command = split_flags(argv, {"--file", "--agent"}, {"--print"}, set())
-    if not command and not flags.get("--print"):
+    if not command and "--print" not in flags:
         raise UsageError("no program after --", f"usage: {USAGE}")
     sandbox = load(str(flags["--file"]) if "--file" in flags else None)
     environ = os.environ
@@ -522,7 +525,7 @@ def main(argv: list[str]) -> int:
 
     box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))
     tail = program_argv(program[0], program[1:], relay=internet_.RELAY if sandbox.hosts else ())
-    if flags.get("--print"):
+    if "--print" in flags:
         with prepare(box, tail, watch_init=False) as launch:
             print(shlex.join(launch.argv))
         return 0

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from .address import AGENT_ID, parse_address
 from .config import split_flags
@@ -75,7 +76,7 @@ def _parse_listen(argv: list[str]) -> dict:
             "delay": _delay(flags.get("--delay"))}
 
 
-def _status(text) -> int | None:
+def _status(text: str | None) -> int | None:
     if text is None:
         return None
     if not re.fullmatch(r"[1-5]\d\d", text) or int(text) < 200:
@@ -83,7 +84,7 @@ def _status(text) -> int | None:
     return int(text)
 
 
-def _retry_after(text, status: int | None) -> str | None:
+def _retry_after(text: str | None, status: int | None) -> str | None:
     if text is None:
         return None
     if not text.isdigit():
@@ -93,7 +94,7 @@ def _retry_after(text, status: int | None) -> str | None:
     return text
 
 
-def _delay(text) -> float:
+def _delay(text: str | None) -> float:
     if text is None:
         return 0.0
     try:
@@ -162,7 +163,7 @@ class TcpServer(ThreadingHTTPServer):
         self.seen_lock = threading.Lock()
         super().__init__(self.bind_address(), Handler)
 
-    def bind_address(self):
+    def bind_address(self) -> Any:  # a (host, port) for TCP, a path for the Unix socket
         return ("127.0.0.1", self.options["address"][1])
 
     def server_bind(self) -> None:
@@ -192,7 +193,7 @@ class TcpServer(ThreadingHTTPServer):
 class UnixServer(TcpServer):
     address_family = socket.AF_UNIX
 
-    def bind_address(self):
+    def bind_address(self) -> Any:  # a (host, port) for TCP, a path for the Unix socket
         return self.options["address"][1]
 
     def server_bind(self) -> None:
@@ -227,7 +228,7 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 30  # a client that stops mid-request does not hold its thread forever
     server: TcpServer
 
-    def log_message(self, *args) -> None:  # our own lines instead, one a refusal
+    def log_message(self, *args: object) -> None:  # our own lines instead, one a refusal
         pass
 
     def answer(self, status: int, payload: dict, extra: dict | None = None) -> None:
@@ -332,7 +333,7 @@ def _clear_stale_socket(path: str) -> None:
     raise UsageError(f"something already listens on unix:{path}", "stop it, or choose another socket path")
 
 
-def _check_message(message) -> str:
+def _check_message(message: object) -> str:
     """What is wrong with a told message's body, or ""."""
     if not isinstance(message, dict):
         return "the body is not a JSON object"

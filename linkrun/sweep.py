@@ -25,7 +25,7 @@ from .errors import UsageError
 STOP_WAIT = 10.0
 
 
-def log(text: str):
+def log(text: str) -> None:
     print(f"lnk-link-run sweep: {text}", file=sys.stderr, flush=True)
 
 
@@ -295,7 +295,7 @@ def remove_files(state: str, record: dict, names: list[str] | None = None) -> No
     _unlink(records.path(state, command_id, records.LOCK))
 
 
-def _unlink(path: str):
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -21,6 +21,10 @@ import orjson
 from . import records
 from .records import Told
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .wayin import Delivery
+
 # Ten minutes of trying, for the supervisor and again for the sweeps. The
 # variable exists so that tests can shorten the window instead of waiting it out.
 WINDOW = float(os.environ.get("LNK_TELL_WINDOW", "600"))
@@ -64,7 +68,7 @@ class _NoWayIn:
     outcome, retry_after, detail = Told.GIVEN_UP, None, "no way in to tell"
 
 
-def tell_once(state: str, record: dict, way_in: WayIn, log):
+def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None]) -> Delivery | _NoWayIn:
     """One attempt, the record's `told` written before and after; returns the
     Delivery (its `outcome`: "told", "not reached" or "given up").
 
@@ -92,7 +96,7 @@ def tell_once(state: str, record: dict, way_in: WayIn, log):
     return delivery
 
 
-def tell_from_supervisor(state: str, command_id: str, record: dict, log, wake_fd: int | None = None,
+def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callable[[str], None], wake_fd: int | None = None,
                          stopping: Callable[[], bool] = lambda: False,
                          poll_every: Callable[[], float | None] = lambda: None) -> None:
     """Step 9: tell, retrying with backoff (1, 2, 4 … 60 s, or the way in's
@@ -141,9 +145,10 @@ def _wait(state: str, command_id: str, pause: float, wake_fd: int | None, stoppi
         left = deadline - time.monotonic()
         if woken is not None or stopping() or left <= 0:
             return woken
-        step = left if poll_every() is None else min(left, poll_every())
+        every = poll_every()
+        step = left if every is None else min(left, every)
         ready = select.select([wake_fd] if wake_fd is not None else [], [], [], step)[0]
-        if ready:
+        if ready and wake_fd is not None:
             try:
                 os.read(wake_fd, 512)
             except BlockingIOError:

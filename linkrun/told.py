@@ -70,7 +70,7 @@ def _nonce() -> str:
 def _ending(record: dict) -> str:
     limit = {"memory": "; it reached its memory limit, and the out-of-memory killer killed it",
              "tasks": "; it reached its task limit, and a fork or a new thread was refused"}
-    return _state_ending(record) + limit.get(record.get("limit"), "")
+    return _state_ending(record) + limit.get(record.get("limit") or "", "")
 
 
 def _state_ending(record: dict) -> str:

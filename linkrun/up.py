@@ -88,7 +88,7 @@ def _keep(source: str, destination: str) -> None:
     filing.write_whole(destination, data, 0o644)
 
 
-def _plan(argv: list[str], environ: Mapping[str, str]):
+def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], doctor.Probe]:
     """Everything `up` does but the exec: the argv it execs, and the sandbox probe under way."""
     flags, rest = split_flags(argv, _VALUED, {"--no-way-in"}, set())
     if rest is not None:
@@ -100,7 +100,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
         except LinkRunError as problem:
             raise UsageError(f"--route: {problem.message}", problem.hint) from None
     way_in, as_id = flags.get("--way-in"), flags.get("--as")
-    if flags.get("--no-way-in") and (way_in or as_id or "--keyring" in flags):
+    if "--no-way-in" in flags and (way_in or as_id or "--keyring" in flags):
         raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")
     if way_in:
         check_way_in(str(way_in))
@@ -116,7 +116,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     settings = sandbox.load(sandbox_path) if sandbox_path else None
     spec_path = str(flags["--spec"]) if "--spec" in flags else None
     spec = _read_toml(spec_path, "spec") if spec_path else None
-    run = run_settings(spec, spec_path) if spec is not None else None
+    run = run_settings(spec, spec_path) if spec is not None and spec_path else None
 
     folder = agent_folder.create(str(flags.get("--agent") or agent_folder.default_root(environ)))
     if sandbox_path:
@@ -163,11 +163,11 @@ def _plan(argv: list[str], environ: Mapping[str, str]):
     if filter_path:
         serve += ["--seccomp", filter_path]
     serve += ["--limits", sandbox.call_limits(settings, host).flag()]
-    if way_in or flags.get("--no-way-in") or settings.hosts:
+    if way_in or "--no-way-in" in flags or settings.hosts:
         serve += ["--state", folder.state]
     if settings.hosts:
         serve += ["--proxy"]
-    if way_in or flags.get("--no-way-in"):
+    if way_in or "--no-way-in" in flags:
         serve += ["--way-in", str(way_in), "--as", str(as_id), "--keyring", keyring] if way_in else ["--no-way-in"]
         for flag in ("--background", "--background-timeout", "--background-output", "--background-keep",
                      "--background-per-day", "--hops"):

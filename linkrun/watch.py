@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from watchdog.events import FileSystemEvent
     from watchdog.observers.api import BaseObserver
 
 
@@ -25,7 +26,7 @@ def watch_paths(folder: str, paths: tuple[str, ...], wake: Callable[[], None]) -
     from watchdog.observers import Observer
 
     class Handler(FileSystemEventHandler):
-        def on_any_event(self, event):
+        def on_any_event(self, event: FileSystemEvent) -> None:
             if event.src_path in paths or getattr(event, "dest_path", "") in paths:
                 wake()
 
@@ -89,7 +90,7 @@ class Watcher:
         changes = [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent]
 
         class Handler(FileSystemEventHandler):
-            def on_any_event(self, event):
+            def on_any_event(self, event: FileSystemEvent) -> None:
                 if type(event) in changes:  # the filter below keeps the kernel from sending the rest
                     watcher._changed(event.src_path, event.dest_path)
 

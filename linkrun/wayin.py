@@ -14,6 +14,8 @@ import socket
 import stat
 import time
 
+from collections.abc import Callable
+
 from .address import AGENT_ID, parse_address
 from .errors import LinkRunError
 
@@ -108,7 +110,7 @@ class _Unreached(Exception):
     """The request did not get an answer: refused, timed out, cut off."""
 
 
-def send(way_in: str, agent: str, keyring: str, body: bytes, now=time.time) -> Delivery:
+def send(way_in: str, agent: str, keyring: str, body: bytes, now: Callable[[], float] = time.time) -> Delivery:
     """One message to the way in, as §4 says; a 401 is tried once more with a
     fresh Link-Date (and the key read again: it may just have been replaced).
 
@@ -148,7 +150,8 @@ def send(way_in: str, agent: str, keyring: str, body: bytes, now=time.time) -> D
     raise AssertionError("unreachable")
 
 
-def _post(address: tuple, agent: str, date: str, sign: str, body: bytes):
+def _post(address: tuple, agent: str, date: str, sign: str,
+          body: bytes) -> tuple[int, str, float | None, str]:
     """One POST with a deadline over the whole request → (status, reason,
     retry_after, first line of an error answer). Raises _Unreached.
 
@@ -195,7 +198,7 @@ def _post(address: tuple, agent: str, date: str, sign: str, body: bytes):
     return status, reason, _retry_after(headers.get("retry-after")), said
 
 
-def _read_head(sock, left):
+def _read_head(sock: socket.socket, left: Callable[[], float]) -> tuple[int, str, dict[str, str], bytes]:
     buffer = b""
     while True:
         end = buffer.find(b"\r\n\r\n")
@@ -217,14 +220,14 @@ def _read_head(sock, left):
         if 100 <= status < 200:  # an interim answer: the real one follows
             buffer = rest
             continue
-        headers = {}
+        headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         return status, (parts[2] if len(parts) > 2 else "").strip(), headers, rest
 
 
-def _read_some(sock, left, rest: bytes, headers: dict) -> str:
+def _read_some(sock: socket.socket, left: Callable[[], float], rest: bytes, headers: dict[str, str]) -> str:
     """The first line of an error answer's body, for the log; best effort."""
     # At most a second of the request's time: this is only for the log.
     until = time.monotonic() + min(1.0, left())

@@ -314,6 +314,7 @@ class Background:
                         if record["state"] not in records.RUNNING_STATES or time.monotonic() >= deadline:
                             break
                         self.watcher.wait_change(command_id, seen, min(0.5, deadline - time.monotonic()))
+                return self.entry(record)
             record = records.load(self.state, command_id)
         return self.entry(record)
 

@@ -20,7 +20,7 @@ Where a group can be made:
   - cgroup v1, for each controller, where we may make a group in ours: root,
     or a subtree root made and handed to this user.
 
-Only the standard library: the supervisor imports this.
+The standard library and config only: the supervisor imports this.
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import CONTROLLERS, Limits  # noqa: F401 - Limits: the type this module enforces
+from .config import CONTROLLERS, Limits
 
-# Each limit and the controller that holds it.
 LEAF = "lnk-serve"  # v2: where serve moves itself so that its group may have children with controllers
 CPU_PERIOD = 100_000  # microseconds
 _counter = itertools.count(1)

@@ -15,9 +15,10 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
 from . import cgroups, sandbox
-from .config import split_flags
+from .config import CONTROLLERS, split_flags
 from .errors import LinkRunError
 from .launch import Sandbox, prepare
+from .units import describe_size
 
 Check = tuple[str, str, str]  # (level: ok, warn or FAIL; what; how to fix it)
 
@@ -97,6 +98,9 @@ class Probe:
         if "proc-sys-read-only" not in lines[2:]:
             raise LinkRunError("the kernel's settings (/proc/sys) are writable inside the sandbox",
                                "update bubblewrap (0.8 or later binds it read-only as asked); report this as a bug")
+        if "dev-read-only" not in lines[2:]:
+            raise LinkRunError("/dev is writable inside the sandbox (a tmpfs of half the memory)",
+                               "update bubblewrap (--remount-ro /dev needs 0.4 or later); report this as a bug")
         if "environ 0" not in lines[2:]:
             raise LinkRunError("the sandbox's init kept an environment, readable inside at /proc/1/environ",
                                "report this as a bug: bwrap must start with an empty environment")
@@ -117,6 +121,7 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
     # /proc/sys, bwrap's own environment (pid 1's), and the filter's mode.
     script = ("pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi; "
               "grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo proc-sys-read-only; "
+              "if (: >/dev/.lnk-probe) 2>/dev/null; then rm -f /dev/.lnk-probe; else echo dev-read-only; fi; "
               "echo environ $(wc -c < /proc/1/environ); grep '^Seccomp:' /proc/self/status")
     launch = prepare(Sandbox(tuple(fixed), folder.files, tuple(write), seccomp=seccomp), [sh, "-c", script],
                      watch_init=False)
@@ -180,12 +185,12 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         return
     from . import seccomp
 
-    if seccomp.program() is None:
-        yield "warn", f"this machine type ({os.uname().machine}) has no syscall filter here: the sandbox " \
-            "runs without one", "see docs/security.md (the filter is built for x86_64 and aarch64)"
     try:
-        fixed, kept, _ = sandbox.build(folder, settings, environ)
         filter_path = seccomp.for_agent(folder.state)
+        if filter_path is None:
+            yield "warn", f"this machine type ({os.uname().machine}) has no syscall filter here: the sandbox " \
+                "runs without one", "see docs/security.md (the filter is built for x86_64 and aarch64)"
+        fixed, kept, _ = sandbox.build(folder, settings, environ, host=host)
         probe(fixed, folder, sandbox.write_folders(settings), filter_path)
         yield "ok", "the sandbox starts, in the files folder, which it cannot write but for its write folders", ""
         yield "ok", "inside, the kernel's settings (/proc/sys) and /dev are read-only, and no process has the " \
@@ -220,14 +225,14 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     yield from limit_checks(sandbox.call_limits(settings, host), works, why)
 
 
-_LIMIT_WORDS = {"memory": "memory", "pids": "tasks", "cpu": "cpu"}
+_LIMIT_WORDS = {controller: name for name, controller in CONTROLLERS.items()}
 
 
 def limit_checks(limits: cgroups.Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
     """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
     place = cgroups.find()
     held = place.holds(limits)
-    described = {"memory": f"memory {(limits.memory or 0) // 1024**2}M", "pids": f"tasks {limits.tasks}",
+    described = {"memory": f"memory {describe_size(limits.memory or 0)}", "pids": f"tasks {limits.tasks}",
                  "cpu": f"cpu {limits.cpu}%"}
     if held:
         yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \

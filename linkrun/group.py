@@ -71,23 +71,22 @@ class Leader:
         self._lock = threading.Lock()  # kill() may come from a cancelling thread
 
     def kill(self) -> None:
-        """SIGKILL to the group and the sandbox's init; nothing once closed (the ids may be another's)."""
+        """SIGKILL to the group and the sandbox; nothing once closed (the ids may be another's)."""
         with self._lock:
             if self.pidfd is None:
                 return
             kill_group(self.pgid)
             self.killed = True
-            kill_init(self.sandbox_init)
-            self._kill_cgroup()
+            self._end_sandbox()
 
-    def kill_sandbox_init(self) -> None:
-        """At the leader's exit: the sandbox, and all of the call's cgroup, go with it."""
+    def end_sandbox(self) -> None:
+        """At the leader's exit: the sandbox's init, and all of the call's cgroup, go with it."""
         with self._lock:
             if self.pidfd is not None:
-                kill_init(self.sandbox_init)
-                self._kill_cgroup()
+                self._end_sandbox()
 
-    def _kill_cgroup(self) -> None:
+    def _end_sandbox(self) -> None:
+        kill_init(self.sandbox_init)
         if self.cgroup is not None:
             self.cgroup.kill()
 
@@ -247,7 +246,7 @@ class Watch:
         self.exit, self.signal = exit_status(self._pidfd)
         self.exited_at = boottime()
         self._stage_at = None
-        self.leader.kill_sandbox_init()  # the sandbox goes with its outer process
+        self.leader.end_sandbox()  # the sandbox goes with its outer process
         if self.leftover_grace <= 0:
             # What the program left dies with the sandbox's pid namespace;
             # without one (a pass-through sandbox), with its group, now.

@@ -3,7 +3,7 @@
 Every place that runs a sandbox (a call in serve, a background command's
 gate, `lnk-link-run sandbox`, the probe of `up` and `doctor`) builds it here:
 
-    fixed part + per-call part + [--info-fd] [--seccomp] + -- + tail
+    fixed part + per-call part + [--seccomp] [--info-fd] + -- + tail
 
 and one object owns the descriptors from their opening to their closing.
 The per-call part is added only for a real sandbox (serve's `--write` or
@@ -72,8 +72,7 @@ class Launch:
     argv: list[str]
     fds: list[int] = field(default_factory=list)
     env: dict[str, str] | None = None
-    info_r: int | None = None  # our end of bwrap's --info-fd
-    info_w: int | None = None  # bwrap's end, among `fds`
+    info_r: int | None = None  # our end of bwrap's --info-fd (bwrap's end is among `fds`)
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
     group: Group | None = None  # the launch's cgroup, until the caller takes it
 
@@ -92,7 +91,6 @@ class Launch:
         """The child holds its descriptors now: close ours."""
         while self.fds:
             os.close(self.fds.pop())
-        self.info_w = None
 
     def init_pidfd(self) -> int | None:
         """A pidfd of the sandbox's init, once bwrap has made it (None for a
@@ -134,8 +132,8 @@ def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: i
     `files_fd` is an open descriptor of the files folder, when the caller keeps
     one; else it is opened here. `watch_init=False` for a launch nobody waits
     on (an exec): bwrap would write its init's pid into a pipe nobody reads.
-    Raises percall.LinkOnPath when a link was planted on a path the sandbox
-    binds (nothing is left open then). With limits and `watch_init`, the
+    Raises Refused (percall.LinkOnPath) when a link was planted on a path the
+    sandbox binds (nothing is left open then). With limits and `watch_init`, the
     launch joins a new cgroup (LinkRunError when one cannot be made).
     """
     launch = _sandboxed(sandbox, tail, folder, files_fd, watch_init)
@@ -190,9 +188,9 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             launch.fds.append(filter_fd)
             part += ["--seccomp", str(filter_fd)]
         if watch_init:
-            launch.info_r, launch.info_w = os.pipe2(os.O_CLOEXEC)
-            launch.fds.append(launch.info_w)
-            part += ["--info-fd", str(launch.info_w)]
+            launch.info_r, info_w = os.pipe2(os.O_CLOEXEC)
+            launch.fds.append(info_w)
+            part += ["--info-fd", str(info_w)]
     except BaseException:
         launch.close()
         raise

@@ -276,7 +276,7 @@ def _guard(writable: dict[str, int], rel: str, path: str, kind: str, files_path:
     if kind == "pointer":
         _guard_file(git_fd, ".git", f"{rel}/{path}", files_path, read_only, opened)
         return
-    git = f"{rel}/{path}" if path else rel
+    git = _full(rel, path)
     if _lstat(git_fd, "commondir") is not None:
         raise LinkOnPath(f"{git}/commondir", "points git at another folder for its config and hooks", files_path)
     if f"{git}/hooks" not in read_only:

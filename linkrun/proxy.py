@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
+import functools
 import ipaddress
 import os
 import resource
@@ -342,6 +343,11 @@ def _peer_pid(writer) -> int | None:
 NS_GET_PARENT = 0xB702  # ioctl: the pid namespace above this one (linux/nsfs.h)
 
 
+@functools.cache
+def _own_pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino  # the proxy never leaves it: read once
+
+
 def _sandbox_of(pid: int | None) -> str:
     """What the per-sandbox cap counts by: the pid namespace the connecting
     process is in (a sandbox's own, whether its relay or its program
@@ -355,7 +361,7 @@ def _sandbox_of(pid: int | None) -> str:
     except OSError:
         return f"pid {pid}" if os.path.exists(f"/proc/{pid}") else "unknown peer"
     try:
-        ours = os.stat("/proc/self/ns/pid").st_ino
+        ours = _own_pid_namespace()
         while (found := os.fstat(namespace).st_ino) != ours:
             try:
                 parent = fcntl.ioctl(namespace, NS_GET_PARENT)

@@ -482,10 +482,10 @@ def check_binds(binds: Sequence[str], protected: Sequence[tuple[str, str]]) -> N
 
 
 def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mapping[str, str],
-          keyring: str | None = None) -> tuple[list[str], Programs, Host]:
-    """What `up`, `doctor` and `sandbox` share: this machine's facts, the
-    programs kept, and the fixed argv."""
-    host = host_facts()
+          keyring: str | None = None, host: Host | None = None) -> tuple[list[str], Programs, Host]:
+    """What `up`, `doctor` and `sandbox` share: this machine's facts (read
+    here unless given), the programs kept, and the fixed argv."""
+    host = host if host is not None else host_facts()
     kept = programs(sandbox.allow, host, folder)
     places = agent_folder.protected(folder, keyring or agent_folder.default_keyring(environ), environ)
     return fixed_argv(folder, sandbox, host, kept.folders, places), kept, host

@@ -65,31 +65,25 @@ DENIED = (
     "move_mount", "open_tree", "open_tree_attr", "mount_setattr",
     "setns",
 )
-INSPECTED = ("clone", "clone3", "unshare", "ioctl")
 
 # Numbers from the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl,
 # and include/uapi/asm-generic/unistd.h, which aarch64 uses. From 424 on
 # (io_uring and later) every architecture shares its numbers.
+_SHARED = {
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428,
+    "open_tree_attr": 467, "mount_setattr": 442, "clone3": 435,
+}
 SYSCALLS = {
     "x86_64": {
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "keyctl": 250, "add_key": 248, "request_key": 249,
-        "bpf": 321, "userfaultfd": 323, "perf_event_open": 298,
-        "kexec_load": 246, "kexec_file_load": 320,
-        "mount": 165, "umount2": 166, "pivot_root": 155, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428,
-        "open_tree_attr": 467, "mount_setattr": 442,
-        "setns": 308, "clone": 56, "clone3": 435, "unshare": 272, "ioctl": 16,
+        **_SHARED, "keyctl": 250, "add_key": 248, "request_key": 249,
+        "bpf": 321, "userfaultfd": 323, "perf_event_open": 298, "kexec_load": 246, "kexec_file_load": 320,
+        "mount": 165, "umount2": 166, "pivot_root": 155, "setns": 308, "clone": 56, "unshare": 272, "ioctl": 16,
     },
     "aarch64": {
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "keyctl": 219, "add_key": 217, "request_key": 218,
-        "bpf": 280, "userfaultfd": 282, "perf_event_open": 241,
-        "kexec_load": 104, "kexec_file_load": 294,
-        "mount": 40, "umount2": 39, "pivot_root": 41, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428,
-        "open_tree_attr": 467, "mount_setattr": 442,
-        "setns": 268, "clone": 220, "clone3": 435, "unshare": 97, "ioctl": 29,
+        **_SHARED, "keyctl": 219, "add_key": 217, "request_key": 218,
+        "bpf": 280, "userfaultfd": 282, "perf_event_open": 241, "kexec_load": 104, "kexec_file_load": 294,
+        "mount": 40, "umount2": 39, "pivot_root": 41, "setns": 268, "clone": 220, "unshare": 97, "ioctl": 29,
     },
 }
 ARCHES = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}

@@ -151,7 +151,7 @@ def remove_orphan_locks(state: str) -> None:
         with filing.hold(os.path.join(state, records.START_LOCK), wait=0):
             for name in os.listdir(state):
                 command_id = name[:-5]
-                if name.endswith(records.LOCK) and records.ID.match(command_id) and \
+                if name.endswith(records.LOCK) and records.ID.fullmatch(command_id) and \
                         not os.path.exists(records.path(state, command_id, records.RECORD)):
                     _remove_if_free(records.path(state, command_id, records.LOCK))
     except filing.Held:

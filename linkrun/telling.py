@@ -11,14 +11,13 @@ own). Both hold the record's lock while they tell.
 from __future__ import annotations
 
 import os
-import secrets
 import select
 import time
 from collections.abc import Callable
 
 import orjson
 
-from . import records
+from . import filing, records
 from .records import Told
 
 TYPE_CHECKING = False
@@ -44,7 +43,7 @@ class WayIn:
 
 def last_bytes(record: dict) -> bytes:
     """The end of the command's output for the message, read without following a link."""
-    from .outfile import open_background
+    from .outfile import open_background, open_output
 
     want = max(0, int(record.get("output") or 0) // 2)
     try:
@@ -52,11 +51,13 @@ def last_bytes(record: dict) -> bytes:
     except OSError:
         return b""
     try:
-        fd = os.open(records.output_name(record["id"]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
-    except OSError:
+        fd = open_output(folder, record["id"])
+    except OSError:  # a link (ELOOP): never followed
         return b""
     finally:
         os.close(folder)
+    if fd is None:
+        return b""
     try:
         size = os.fstat(fd).st_size
         return os.pread(fd, min(want, size), max(0, size - want))
@@ -168,14 +169,7 @@ def write_wake(state: str, command_id: str, way_in: WayIn) -> None:
     """`<id>.wake`, holding the way in to try: written beside, renamed into
     place whole (the latest sweep's way in wins)."""
     data = orjson.dumps({"way_in": way_in.address, "as": way_in.agent, "keyring": way_in.keyring})
-    final = wake_path(state, command_id)
-    temporary = f"{final}.{secrets.token_hex(4)}.new"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.rename(temporary, final)
+    filing.write_whole(wake_path(state, command_id), data)
 
 
 def take_wake(state: str, command_id: str) -> WayIn | None:

@@ -188,6 +188,7 @@ def test_a_command_ending_while_the_state_folder_is_full_keeps_its_end(servers, 
     # While it is full: list answers, and says it runs (its end is not recorded yet).
     listed = server.call("list", {}, meta=META)
     assert "isError" not in listed, text_of(listed)
+    assert listed["structuredContent"]["commands"][0]["state"] in records.RUNNING_STATES, text_of(listed)
     filler.unlink()
 
     def listed_end():

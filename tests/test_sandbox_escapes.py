@@ -20,6 +20,9 @@ import pytest
 from conftest import text_of, wait_for
 from up_harness import KEY_DESCRIPTION, META, SECRET_VARIABLE, Up, key_syscalls, processes_with
 
+# Each test starts a real `up` (as root or as an ordinary user) and may wait on it: more than the default.
+pytestmark = pytest.mark.timeout(240)
+
 # A few seconds for the sandbox to be gone once the call answered: its end is
 # an event (a kill), not a wait.
 GONE_WITHIN = 5
@@ -211,6 +214,18 @@ def printed_json(text: str) -> dict:
     return json.loads(next(line for line in text.splitlines() if line.startswith("{")))
 
 
+def assert_the_init_was_cut_loose(printed: str) -> None:
+    """Where Yama lets a program trace its ancestors (none, or ptrace_scope 0), the
+    attack must have worked, or the test proves nothing of the init's end."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = int(f.read())
+    except FileNotFoundError:
+        scope = 0
+    if scope == 0:
+        assert "prctl in pid 1 returned 0" in printed, printed
+
+
 def nothing_left(tag: str) -> bool:
     return not processes_with(tag)
 
@@ -273,6 +288,7 @@ def test_nothing_of_a_call_outlives_its_answer(up_as: Up) -> None:
     tag = up_as.tag()
     text = up_as.python(LEAVE_A_PROCESS_BEHIND, tag, "go")
     assert "left a process behind" in text, text
+    assert_the_init_was_cut_loose(text)
     wait_for(lambda: nothing_left(tag), timeout=GONE_WITHIN,
              what=f"the call's processes to be gone after its answer ({text.strip()})")
 
@@ -294,6 +310,7 @@ def test_nothing_of_a_stopped_background_command_is_left(up_as: Up) -> None:
     command_id = up_as.start("python3", "-c", LEAVE_A_PROCESS_BEHIND, tag, "stay")
     wait_for(lambda: processes_with(tag + "-left"), timeout=60, what="the command to leave its process")
     printed = up_as.read_all(command_id).strip()  # how its ptrace went
+    assert_the_init_was_cut_loose(printed)
     answer = up_as.stop(command_id)
     assert "stopped" in answer, answer
     wait_for(lambda: nothing_left(tag), timeout=GONE_WITHIN,
@@ -306,6 +323,7 @@ def test_a_sweep_ends_the_sandbox_of_a_killed_supervisor(up_as: Up) -> None:
     tag = up_as.tag()
     command_id = up_as.start("python3", "-c", LEAVE_A_PROCESS_BEHIND, tag, "stay")
     wait_for(lambda: processes_with(tag + "-left"), timeout=60, what="the command to leave its process")
+    assert_the_init_was_cut_loose(up_as.read_all(command_id))
     record_file = up_as.state / f"{command_id}.json"
     wait_for(lambda: orjson.loads(record_file.read_bytes())["init_pid"], what="the record to name the sandbox's init")
     record = orjson.loads(record_file.read_bytes())

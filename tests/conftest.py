@@ -201,6 +201,12 @@ def wait_for(condition, timeout=10.0, interval=0.01, what="condition"):
         time.sleep(interval)
 
 
+def parent_of(pid: int) -> int:
+    """The parent of a process: a gate's is its supervisor."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -221,7 +227,7 @@ def files(tmp_path: Path) -> Path:
     return folder
 
 
-def stop_what_runs(state: Path) -> None:
+def stop_what_runs(state: Path, reason: str = "stopped") -> None:
     """Stop every background command still running under `state`, and wait for its supervisor to end."""
     from linkrun import records  # here, not at the top: conftest loads before every test, most need none
 
@@ -229,7 +235,7 @@ def stop_what_runs(state: Path) -> None:
     for command_id in records.ids(str(state)):
         if records.is_held(str(state), command_id):
             try:
-                records.write_stop(str(state), command_id, "stopped")
+                records.write_stop(str(state), command_id, reason)
             except OSError:
                 pass
             left.append(command_id)

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
-from conftest import pid_alive, serve_argv, text_of, wait_for
+from conftest import parent_of, pid_alive, serve_argv, text_of, wait_for
 
 from linkrun import records
 
@@ -54,9 +54,9 @@ def test_the_supervisor_is_not_the_servers_child_and_reaps_nothing_left(bg, stat
     command_id = start(bg, program="sleep", args=["100"])
     running = wait_running(state, command_id)
     gate = running["leader_pid"]
-    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    supervisor = parent_of(gate)
     assert supervisor != bg.process.pid
-    parent = int(Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    parent = parent_of(supervisor)
     assert parent != bg.process.pid
     # No zombie intermediate left under serve.
     children = Path(f"/proc/{bg.process.pid}/task/{bg.process.pid}/children").read_text().split()
@@ -95,7 +95,7 @@ def test_a_stop_sent_right_after_start_is_not_lost(bg, state):
 def test_a_killed_supervisor_takes_the_command_with_it(bg, state):
     command_id = start(bg, program="sleep", args=["100"])
     gate = wait_running(state, command_id)["leader_pid"]
-    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    supervisor = parent_of(gate)
     os.kill(supervisor, signal.SIGKILL)
     wait_for(lambda: not pid_alive(gate), what="the command to die with its supervisor")
     # A sweep's to mend: "running" until serve's first sweep (which may come meanwhile) finds it lost.
@@ -106,7 +106,7 @@ def test_a_killed_supervisor_takes_the_command_with_it(bg, state):
 def test_list_shows_a_command_whose_supervisor_died_as_lost_at_once(bg, state):
     command_id = start(bg, program="sleep", args=["100"])
     gate = wait_running(state, command_id)["leader_pid"]
-    os.kill(int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+    os.kill(parent_of(gate), signal.SIGKILL)
     wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
     entry = bg.call("list", {}, meta=META)["structuredContent"]["commands"][0]
     assert (entry["id"], entry["state"]) == (command_id, "lost")
@@ -121,7 +121,7 @@ def test_a_supervisor_sent_sigterm_ends_the_command_lost_and_untold(servers, fil
     server.initialize()
     command_id = start(server, program="sleep", args=["100"])
     gate = wait_running(state, command_id)["leader_pid"]
-    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    supervisor = parent_of(gate)
     os.kill(supervisor, signal.SIGTERM)
     ended = wait_ended(state, command_id)
     assert (ended["state"], ended["told"]) == ("lost", "untold")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from background_helpers import META, start, wait_record
-from conftest import SERVER, pid_alive, require_sandbox, stop_what_runs, wait_for
+from conftest import parent_of, SERVER, pid_alive, require_sandbox, stop_what_runs, wait_for
 from sandbox_helpers import Agent
 
 from linkrun import records
@@ -91,7 +91,7 @@ def test_a_killed_supervisor_takes_the_whole_sandbox_with_it(up, box):
     running = wait_record(state_of(box), command_id, lambda r: r["state"] == "running", "running")
     program = program_pid(box, "pid")
     gate = running["leader_pid"]
-    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    supervisor = parent_of(gate)
     os.kill(supervisor, signal.SIGKILL)
     wait_for(lambda: not pid_alive(program) and not pid_alive(gate), what="the sandbox to die with its supervisor")
 

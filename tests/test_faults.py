@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
-from conftest import SERVER, stop_what_runs, text_of, wait_for
+from conftest import parent_of, SERVER, stop_what_runs, text_of, wait_for
 
 from linkrun import records, told
 
@@ -73,11 +73,6 @@ def numbered_lines_at(offset: int, data: bytes) -> bool:
     expected = b"".join(b"%015d\n" % n for n in range(first, last + 1))
     skip = offset % LINE
     return data == expected[skip:skip + len(data)]
-
-
-def supervisor_of(running: dict) -> int:
-    gate = running["leader_pid"]
-    return int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def sweep(state: Path) -> subprocess.CompletedProcess:
@@ -221,7 +216,7 @@ def test_a_corrupt_record_is_set_aside_and_named_and_the_rest_goes_on(servers, f
     wait_ended(state, broken)
     wait_ended(state, fine)
     abandoned = start(server, program="sleep", args=["100"])
-    supervisor = supervisor_of(wait_running(state, abandoned))
+    supervisor = parent_of(wait_running(state, abandoned)["leader_pid"])
     wait_for(lambda: not records.is_held(str(state), broken), what="the supervisor of the broken one to exit")
     bad = corrupt(state, broken, how)
     os.kill(supervisor, signal.SIGKILL)
@@ -279,7 +274,7 @@ def test_a_lost_command_is_told_the_bytes_its_output_holds(servers, files, fault
     command_id = start(server, program="sh", args=["-c", "echo important-output-line; seq 1 1000; sleep 60"])
     output = files / "background" / f"{command_id}.out"
     wait_for(lambda: output.exists() and output.stat().st_size == 3915, what="the output")
-    os.kill(supervisor_of(wait_running(state, command_id)), signal.SIGKILL)
+    os.kill(parent_of(wait_running(state, command_id)["leader_pid"]), signal.SIGKILL)
     wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
     done = sweep(state)
     assert done.returncode == 0, done.stderr

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import (PASS_THROUGH, RawServer, clean_env, require_sandbox, serve_argv, text_of,
+from conftest import (PASS_THROUGH, parent_of, RawServer, clean_env, require_sandbox, serve_argv, text_of,
                       wait_for)
 from leak_helpers import marker_env
 from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, initialize, kill_tagged, processes_with,
@@ -284,8 +284,7 @@ def test_a_sweep_ends_the_group_of_a_killed_supervisor_with_what_left_the_proces
         wait_for(lambda: orjson.loads(record_file.read_bytes())["state"] == "running", what="the command to run")
         wait_for(lambda: len(processes_with(tag)) >= 2, timeout=30, what="the command to leave its process group")
         record = orjson.loads(record_file.read_bytes())
-        with open(f"/proc/{record['leader_pid']}/stat") as f:
-            supervisor = int(f.read().rsplit(")", 1)[1].split()[1])
+        supervisor = parent_of(record['leader_pid'])
         os.kill(supervisor, signal.SIGKILL)
         wait_for(lambda: "lost" in text_of(server.call("list", {}, meta=META)), timeout=30,
                  what="list to sweep the command lost")

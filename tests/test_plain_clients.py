@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from background_helpers import wait_ended, wait_running
-from conftest import serve_argv, text_of, wait_for
+from conftest import parent_of, serve_argv, text_of, wait_for
 
 from linkrun import records
 
@@ -149,7 +149,7 @@ def test_a_late_cancel_of_start_leaves_its_command_running(plain, state, files):
 def test_a_supervisors_command_line_holds_the_seeds_words_as_whole_arguments(plain, state):
     command_id = start(plain, LINKED, program="sleep", args=["100"])
     gate = wait_running(state, command_id)["leader_pid"]
-    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    supervisor = parent_of(gate)
     argv = Path(f"/proc/{supervisor}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
     at = argv.index("supervise")
     assert argv[at:at + 4] == ["supervise", command_id, "--state", str(state)]

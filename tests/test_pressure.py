@@ -17,9 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 from background_helpers import META, background_argv, start, wait_running
-from conftest import RawServer, pid_alive, serve_argv, text_of, wait_for
+from conftest import parent_of, RawServer, pid_alive, serve_argv, text_of, wait_for
 
-from linkrun import records
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # A 2025-11-25 answer of a command printing 20,000 bytes carries 16K of them twice (text and
@@ -198,22 +197,11 @@ def test_a_fractional_progress_token_gets_progress(held):
 # -- waiting costs nothing ------------------------------------------------------------------
 
 
-@pytest.fixture
-def quiet_state(tmp_path):
-    folder = tmp_path / "state"
-    yield folder
-    for command_id in records.ids(str(folder)):
-        if records.is_held(str(folder), command_id):
-            records.write_stop(str(folder), command_id, "stopped")
-            wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=15,
-                     what=f"the supervisor of {command_id} to end")
-
-
-def test_a_waiting_read_costs_no_cpu_and_its_progress_rises_a_few_times_a_second(servers, files, quiet_state):
-    server = servers(background_argv(files, quiet_state))
+def test_a_waiting_read_costs_no_cpu_and_its_progress_rises_a_few_times_a_second(servers, files, state):
+    server = servers(background_argv(files, state))
     server.initialize()
     command_id = start(server, program="sleep", args=["30"])
-    wait_running(quiet_state, command_id)
+    wait_running(state, command_id)
     server.call("read", {"id": command_id, "offset": 0, "wait": 0.2}, meta=META)  # loads the watch once
     before = cpu_seconds(server.process.pid)
     began = time.monotonic()
@@ -228,12 +216,12 @@ def test_a_waiting_read_costs_no_cpu_and_its_progress_rises_a_few_times_a_second
     assert values == sorted(set(values)), values
 
 
-def test_a_waiting_stop_costs_no_cpu(servers, files, quiet_state):
-    server = servers(background_argv(files, quiet_state))
+def test_a_waiting_stop_costs_no_cpu(servers, files, state):
+    server = servers(background_argv(files, state))
     server.initialize()
     command_id = start(server, program="sleep", args=["30"])
-    gate = wait_running(quiet_state, command_id)["leader_pid"]
-    supervisor = int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    gate = wait_running(state, command_id)["leader_pid"]
+    supervisor = parent_of(gate)
     server.call("read", {"id": command_id, "offset": 0, "wait": 0.2}, meta=META)  # loads the watch once
     os.kill(supervisor, signal.SIGSTOP)  # it cannot answer the stop: serve waits it out
     try:

@@ -17,7 +17,7 @@ import signal
 
 import orjson
 import pytest
-from conftest import text_of, wait_for
+from conftest import parent_of, text_of, wait_for
 from up_harness import KEY_DESCRIPTION, META, SECRET_VARIABLE, Up, key_syscalls, processes_with
 
 # Each test starts a real `up` (as root or as an ordinary user) and may wait on it: more than the default.
@@ -327,8 +327,7 @@ def test_a_sweep_ends_the_sandbox_of_a_killed_supervisor(up_as: Up) -> None:
     record_file = up_as.state / f"{command_id}.json"
     wait_for(lambda: orjson.loads(record_file.read_bytes())["init_pid"], what="the record to name the sandbox's init")
     record = orjson.loads(record_file.read_bytes())
-    with open(f"/proc/{record['leader_pid']}/stat") as f:
-        supervisor = int(f.read().rsplit(")", 1)[1].split()[1])
+    supervisor = parent_of(record['leader_pid'])
     os.kill(supervisor, signal.SIGKILL)
     # The gate (the outer bwrap) dies with its supervisor; the init it cut loose does not.
     wait_for(lambda: "lost" in text_of(up_as.server.call("list", {}, meta=META)), timeout=30,

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SERVER, clean_env, pid_alive, serve_argv, text_of, wait_for
+from conftest import parent_of, stop_what_runs, SERVER, clean_env, pid_alive, serve_argv, text_of, wait_for
 from standin_helpers import WayIn as StandIn
 from standin_helpers import output_block
 
@@ -69,12 +69,7 @@ def ways_in(keyring):
 def state(tmp_path):
     folder = tmp_path / "state"
     yield folder
-    for command_id in records.ids(str(folder)):
-        if records.is_held(str(folder), command_id):
-            records.write_stop(str(folder), command_id, "agent stopping")
-    for command_id in records.ids(str(folder)):
-        wait_for(lambda command_id=command_id: not records.is_held(str(folder), command_id), timeout=15,
-                 what=f"the supervisor of {command_id} to end")
+    stop_what_runs(folder, "agent stopping")  # lost, so that no supervisor lingers telling
 
 
 def told_argv(files, state, keyring, address, keep="1d", timeout="1h"):
@@ -99,10 +94,6 @@ def sweep(state, *flags) -> subprocess.CompletedProcess:
                           env=clean_env())
     assert done.returncode == 0, done.stderr
     return done
-
-
-def supervisor_of(gate: int) -> int:
-    return int(Path(f"/proc/{gate}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.parametrize("script, state_name, words", [
@@ -272,7 +263,7 @@ def test_a_killed_supervisor_is_swept_lost_its_leftovers_killed_and_told_once(se
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the leftover")
     leftover = int(pid_file.read_text())
     record = records.load(str(state), command_id)
-    os.kill(supervisor_of(record["leader_pid"]), signal.SIGKILL)
+    os.kill(parent_of(record["leader_pid"]), signal.SIGKILL)
     wait_for(lambda: not records.is_held(str(state), command_id), what="the lock to be free")
     assert pid_alive(leftover)  # outside the gate's death signal, still in its group
     sweep(state)

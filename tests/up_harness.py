@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import LEGACY, SERVER, SYSTEM_PATH, RawServer, text_of, wait_for
+from conftest import LEGACY, SERVER, SYSTEM_PATH, RawServer, stop_what_runs, text_of, wait_for
 from leak_helpers import marker_env
 
 from linkrun import records
@@ -202,14 +202,7 @@ def kill_tagged(tags: list[str]) -> None:
 
 def stop_background(state: Path) -> None:
     """Stop what still runs of an agent's background commands, and wait until it ended."""
-    if not state.is_dir():
-        return
-    held = [i for i in records.ids(str(state)) if records.is_held(str(state), i)]
-    for command_id in held:
-        records.write_stop(str(state), command_id, "stopped")
-    for command_id in held:
-        wait_for(lambda command_id=command_id: not records.is_held(str(state), command_id), timeout=30,
-                 what=f"the supervisor of {command_id} to end")
+    stop_what_runs(state)
 
 
 def up_command(python: list[str], agent: Path, sandbox_file: Path, key_secret: str) -> list[str]:

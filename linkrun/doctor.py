@@ -14,8 +14,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
-from . import cgroups, sandbox
-from .config import CONTROLLERS, split_flags
+from . import sandbox
+from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
 from .launch import Sandbox, prepare
 from .units import describe_size
@@ -231,8 +231,10 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
 _LIMIT_WORDS = {controller: name for name, controller in CONTROLLERS.items()}
 
 
-def limit_checks(limits: cgroups.Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
+def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
     """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
+    from . import cgroups  # here: up imports this module, and its start needs none of it
+
     place = cgroups.find()
     held = place.holds(limits)
     described = {"memory": f"memory {describe_size(limits.memory or 0)}", "pids": f"tasks {limits.tasks}",

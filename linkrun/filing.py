@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import secrets
 import time
 from collections.abc import Iterator
 
@@ -19,7 +18,7 @@ def write_whole(path: str, data: bytes, mode: int = 0o600) -> None:
     this returns: written beside under a name of its own (`<path>.<hex>.tmp`,
     so two writers never share one, and a sweep finds what a cut-short write
     left), synced, renamed into place, the folder synced."""
-    temporary = f"{path}.{secrets.token_hex(4)}.tmp"
+    temporary = f"{path}.{os.urandom(4).hex()}.tmp"  # secrets' way, without its imports on up's start
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)  # whatever the umask

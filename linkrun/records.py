@@ -15,7 +15,6 @@ import errno
 import fcntl
 import os
 import re
-import secrets
 import time
 
 from .errors import LinkRunError, UsageError
@@ -97,7 +96,7 @@ def next_output_name(command_id: str) -> str:
 
 
 def new_id() -> str:
-    return base64.b32encode(secrets.token_bytes(10)).decode().lower()
+    return base64.b32encode(os.urandom(10)).decode().lower()
 
 
 def path(state: str, command_id: str, suffix: str) -> str:
@@ -351,7 +350,7 @@ def write_stop(state: str, command_id: str, reason: str) -> None:
     first reason wins.
     """
     final = path(state, command_id, STOP)
-    temporary = f"{final}.{secrets.token_hex(4)}.new"
+    temporary = f"{final}.{os.urandom(4).hex()}.new"
     with open(temporary, "w") as f:
         f.write(reason)
     try:

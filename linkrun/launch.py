@@ -151,7 +151,7 @@ def _join_group(launch: Launch, limits: Limits) -> None:
     try:
         from . import cgroups
 
-        launch.group = cgroups.make(limits)
+        launch.group = cgroups.take(limits)
     except OSError as error:
         launch.close()
         from .errors import LinkRunError

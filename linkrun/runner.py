@@ -14,6 +14,7 @@ import io
 import os
 import select
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,6 +98,9 @@ def kill_leftovers_now():
         process.wait()
     for group in groups:
         group.remove()
+    loaded = sys.modules.get(f"{__package__}.cgroups")  # loaded by the first call with limits
+    if loaded is not None:
+        loaded.remove_spares()
 
 
 TYPE_CHECKING = False
@@ -109,7 +113,10 @@ _groups: set[cgroups.Group] = set()
 
 def _remove_soon(group: cgroups.Group) -> None:
     """Off the answer's path: its members take milliseconds to leave."""
-    def remove():
+    from . import cgroups  # loaded already: the group is one
+
+    def remove() -> None:
+        cgroups.make_spare(group.limits)  # first the next call's, while no answer waits
         group.remove()
         with _leftovers_lock:
             _groups.discard(group)

@@ -128,6 +128,19 @@ def groups_of(pid: int) -> list[str]:
             for name in os.listdir(folder) if name.startswith(prefix)]
 
 
+def only_the_spare(groups: list[str]) -> bool:
+    """At most the one group serve made ahead for its next call remains, and nothing is in it."""
+    names = {os.path.basename(group) for group in groups}
+    return len(names) <= 1 and not any(members(group) for group in groups)
+
+
+def members(group: str) -> str:
+    try:
+        return Path(group, "cgroup.procs").read_text()
+    except FileNotFoundError:
+        return ""  # removed meanwhile
+
+
 def serve_pid(up: Up) -> int:
     return up.server.process.pid  # up runs serve in its own process
 
@@ -224,7 +237,11 @@ def test_calls_within_their_limits_are_unchanged_and_nothing_of_them_outlives_th
     left = up.command("sh", "-c", f"setsid {linger(tag)} & ({linger(tag)} &) ; echo left")
     assert left["structuredContent"]["output"] == "left"
     wait_for(lambda: not processes_with(tag), timeout=10, what="what the call left to die with it")
-    wait_for(lambda: not groups_of(serve_pid(up)), timeout=10, what="the calls' groups to be removed")
+    pid = serve_pid(up)
+    wait_for(lambda: only_the_spare(groups_of(pid)), timeout=10, what="the calls' groups to be removed")
+    up.server.process.stdin.close()  # serve's end: the group made ahead goes too
+    assert up.server.process.wait(timeout=10) == 0
+    assert not groups_of(pid)
 
 
 # -- background commands ---------------------------------------------------------------
@@ -354,9 +371,13 @@ def test_an_ordinary_users_serve_limits_its_calls_through_a_subtree_handed_to_it
                       join=tuple(os.path.join(f, "cgroup.procs") for f in delegated))
         result = up.command("sh", "-c", FLOOD)
         assert result["structuredContent"]["limit"] == "tasks", text_of(result)
-        made = [os.path.join(f, name) for f in delegated for name in os.listdir(f) if name.startswith("lnk-")]
-        wait_for(lambda: not [m for m in made if os.path.exists(m)], timeout=10, what="the call's group to go")
+        made = lambda: [os.path.join(f, name) for f in delegated for name in os.listdir(f)  # noqa: E731
+                        if name.startswith("lnk-")]
+        wait_for(lambda: only_the_spare(made()), timeout=10, what="the call's group to go")
         assert os.stat(f"/proc/{up.server.process.pid}").st_uid == tester.pw_uid
+        up.server.process.stdin.close()  # serve's end removes the group it made ahead, as the user too
+        assert up.server.process.wait(timeout=10) == 0
+        assert not made()
     finally:
         if up is not None:
             up.server.kill()

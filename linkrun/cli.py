@@ -12,16 +12,16 @@ from .errors import LinkRunError
 # subcommand → (module, function, one line of help). Each function takes the
 # remaining argv and returns an exit code.
 COMMANDS = {
-    "serve": ("linkrun.server", "main", "the MCP server over stdio (what `up` execs)"),
+    "serve": ("linkrun.front.server", "main", "the MCP server over stdio (what `up` execs)"),
     "up": ("linkrun.up", "main", "start an agent's server the way Link does, on embedded defaults"),
-    "sandbox": ("linkrun.sandbox", "main", "build the bubblewrap argv from a sandbox file, and run or print it"),
+    "sandbox": ("linkrun.sandboxing.sandbox", "main", "build the bubblewrap argv from a sandbox file, and run or print it"),
     "doctor": ("linkrun.doctor", "main", "check that the sandbox can run here, and say what to fix"),
-    "supervise": ("linkrun.supervise", "main", "(internal) the detached supervisor of one background command"),
-    "sweep": ("linkrun.sweep", "main_sweep", "recover background commands after a crash, tell, clean up"),
-    "stop": ("linkrun.sweep", "main_stop", "stop an agent's background commands (the agent stopping)"),
-    "remove": ("linkrun.sweep", "main_remove", "stop and remove an agent's background commands and state"),
-    "way-in": ("linkrun.standin", "main_listen", "a stand-in way in that checks and prints told messages"),
-    "proxy": ("linkrun.proxy", "main", "(internal) the agent's internet proxy"),
+    "supervise": ("linkrun.detached.supervise", "main", "(internal) the detached supervisor of one background command"),
+    "sweep": ("linkrun.detached.sweep", "main_sweep", "recover background commands after a crash, tell, clean up"),
+    "stop": ("linkrun.detached.sweep", "main_stop", "stop an agent's background commands (the agent stopping)"),
+    "remove": ("linkrun.detached.sweep", "main_remove", "stop and remove an agent's background commands and state"),
+    "way-in": ("linkrun.messages.standin", "main_listen", "a stand-in way in that checks and prints told messages"),
+    "proxy": ("linkrun.network.proxy", "main", "(internal) the agent's internet proxy"),
 }
 
 
@@ -30,13 +30,13 @@ COMMANDS = {
 USAGES: dict[str, tuple[str, str] | str] = {
     "serve": ("linkrun.config", "SERVE_USAGE"),
     "up": ("linkrun.up", "USAGE"),
-    "sandbox": ("linkrun.sandbox", "USAGE"),
+    "sandbox": ("linkrun.sandboxing.sandbox", "USAGE"),
     "doctor": "lnk-link-run doctor [--agent DIR] [--sandbox FILE]",
-    "supervise": ("linkrun.supervise", "USAGE"),
+    "supervise": ("linkrun.detached.supervise", "USAGE"),
     "sweep": "lnk-link-run sweep <state> [--way-in ADDR --as ID [--keyring DIR]]",
     "stop": "lnk-link-run stop --state <dir>",
     "remove": "lnk-link-run remove --state <dir>",
-    "way-in": ("linkrun.standin", "LISTEN_HELP"),
+    "way-in": ("linkrun.messages.standin", "LISTEN_HELP"),
     "proxy": "lnk-link-run proxy --state <dir>",
 }
 HELP = ("-h", "--help")

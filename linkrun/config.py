@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .address import AGENT_ID, parse_address
+from .messages.address import AGENT_ID, parse_address
 from .errors import LinkRunError, UsageError
 
 # A call's limits → the cgroup controller that enforces each (cgroups.py).

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
-from . import sandbox
+from .sandboxing import sandbox
 from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
-from .launch import Sandbox, prepare
+from .sandboxing.launch import Sandbox, prepare
 from .units import describe_size
 
 Check = tuple[str, str, str]  # (level: ok, warn or FAIL; what; how to fix it)
@@ -186,7 +186,7 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     if not os.path.isdir(folder.files):
         yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
         return
-    from . import seccomp
+    from .sandboxing import seccomp
 
     try:
         filter_path = seccomp.for_agent(folder.state)
@@ -233,7 +233,7 @@ _LIMIT_WORDS = {controller: name for name, controller in CONTROLLERS.items()}
 
 def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
     """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
-    from . import cgroups  # here: up imports this module, and its start needs none of it
+    from .sandboxing import cgroups  # here: up imports this module, and its start needs none of it
 
     place = cgroups.find()
     held = place.holds(limits)
@@ -267,7 +267,7 @@ def _limit_fix(scope_why: str) -> str:
 
 def record_checks(agent_root: str) -> Iterator[Check]:
     """Background records that are not whole: set aside by a sweep, or not yet."""
-    from . import records
+    from .detached import records
 
     folder = agent_folder.locate(agent_root)
     background = os.path.join(folder.files, "background")

@@ -1,9 +1,9 @@
 """Durations, sizes and exit statuses in words, for the tools' texts and the
-told message alike. Of ours it imports only `linkrun.child`, the one signal namer."""
+told message alike. Of ours it imports only `linkrun.processes.child`, the one signal namer."""
 
 from __future__ import annotations
 
-from .child import signal_name
+from .processes.child import signal_name
 
 
 def format_duration(seconds: float) -> str:

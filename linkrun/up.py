@@ -14,8 +14,11 @@ import tomllib
 from collections.abc import Mapping
 
 from . import agent as agent_folder
-from . import doctor, filing, internet, sandbox, seccomp
-from .address import AGENT_ID, parse_address
+from . import doctor
+from .detached import filing
+from .network import internet
+from .sandboxing import sandbox, seccomp
+from .messages.address import AGENT_ID, parse_address
 from .config import check_way_in, parse_duration, parse_size, split_flags
 from .errors import LinkRunError, UsageError
 
@@ -200,7 +203,7 @@ def main(argv: list[str]) -> int:
         # paying a second interpreter start and its imports (about half of
         # up's time to its first answer). The scope path must exec. The
         # server's modules load while the sandbox's probe runs.
-        from . import server, tools  # noqa: F401
+        from .front import server, tools  # noqa: F401
 
         pending.check()
         sys.stdout.flush()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from linkrun import percall
+from linkrun.sandboxing import percall
 
 
 def open_files(path: Path) -> int:

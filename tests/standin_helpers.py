@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SERVER, clean_env, wait_for
 
-from linkrun import told
+from linkrun.messages import told
 
 AGENT = "agent-1.main"
 KEY = b"\xffs3cret\x00key bytes, never decoded"

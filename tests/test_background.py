@@ -15,7 +15,7 @@ import pytest
 from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
 from conftest import parent_of, pid_alive, serve_argv, text_of, wait_for
 
-from linkrun import records
+from linkrun.detached import records
 
 OTHER = {"link.local/thread": "conversation-2"}
 
@@ -376,7 +376,7 @@ def test_a_state_folder_on_a_network_filesystem_is_refused(tmp_path, files):
 
 def test_star_refuses_an_absolute_program_not_visible_in_the_sandbox(tmp_path):
     from linkrun.errors import Refused
-    from linkrun.programs import Programs
+    from linkrun.processes.programs import Programs
 
     tool = tmp_path / "tool"
     tool.write_text("#!/bin/sh\n")

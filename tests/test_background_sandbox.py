@@ -13,7 +13,7 @@ from background_helpers import META, start, wait_record
 from conftest import parent_of, SERVER, pid_alive, require_sandbox, stop_what_runs, wait_for
 from sandbox_helpers import Agent
 
-from linkrun import records
+from linkrun.detached import records
 
 
 @pytest.fixture
@@ -101,10 +101,10 @@ def test_the_supervisor_loads_neither_the_server_nor_the_tools_nor_the_sandbox_b
     log = Path(records.path(state_of(box), command_id, ".log"))
     wait_for(lambda: log.exists() and "loaded" in log.read_text(), what="the supervisor's end")
     loaded = log.read_text().split("loaded ", 1)[1].split()
-    for module in ("linkrun.server", "linkrun.tools", "linkrun.sandbox", "linkrun.up", "linkrun.proxy",
-                   "linkrun.background", "linkrun.protocol"):
+    for module in ("linkrun.front.server", "linkrun.front.tools", "linkrun.sandboxing.sandbox", "linkrun.up", "linkrun.network.proxy",
+                   "linkrun.detached.background", "linkrun.front.protocol"):
         assert module not in loaded
-    assert "linkrun.records" in loaded
+    assert "linkrun.detached.records" in loaded
 
 
 def test_a_background_command_starts_quickly_enough_to_be_worth_it(up, box):

@@ -14,7 +14,7 @@ import pytest
 from background_helpers import META, background_argv
 from conftest import SERVER, require_sandbox, text_of, wait_for
 
-from linkrun import records
+from linkrun.detached import records
 
 MAX_ARG_STRLEN = 128 * 1024  # Linux: one argument, its NUL included
 
@@ -153,7 +153,7 @@ def test_a_long_unknown_argument_is_named_cut_short(bg):
 def test_in_the_real_sandbox_its_own_arguments_count_and_the_longest_argument_runs(tmp_path, servers):
     from sandbox_helpers import Agent
 
-    from linkrun.tools import LAUNCH_RESERVE
+    from linkrun.front.tools import LAUNCH_RESERVE
 
     require_sandbox()
     agent = Agent(tmp_path)

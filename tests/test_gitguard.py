@@ -19,7 +19,8 @@ from conftest import REPO, require_sandbox
 from percall_helpers import call_part, close_all, refused
 from sandbox_helpers import Agent
 
-from linkrun import errors, percall
+from linkrun import errors
+from linkrun.sandboxing import percall
 
 
 def git(*args: str, cwd: Path) -> subprocess.CompletedProcess:

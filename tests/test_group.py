@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from conftest import pid_alive
 
-from linkrun.child import boottime
-from linkrun.group import Leader, Stage, Watch
+from linkrun.processes.child import boottime
+from linkrun.processes.group import Leader, Stage, Watch
 
 
 @pytest.fixture

@@ -18,7 +18,9 @@ from conftest import SERVER, require_sandbox, serve_argv, text_of, wait_for
 from sandbox_helpers import Agent, outer_sandbox
 from site_helpers import serve_site
 
-from linkrun import doctor, internet, sandbox, up
+from linkrun import doctor, up
+from linkrun.network import internet
+from linkrun.sandboxing import sandbox
 from linkrun.errors import UsageError
 
 RELAY = "http://127.0.0.1:3128"

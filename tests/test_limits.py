@@ -29,9 +29,11 @@ from leak_helpers import marker_env
 from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, initialize, kill_tagged, processes_with,
                         running_as_root, stop_background, up_command)
 
-from linkrun import cgroups, config, sandbox, told
+from linkrun.sandboxing import cgroups, sandbox
+from linkrun import config
+from linkrun.messages import told
 from linkrun.errors import LinkRunError, UsageError
-from linkrun.launch import JOIN, Sandbox, prepare
+from linkrun.sandboxing.launch import JOIN, Sandbox, prepare
 
 # Each test starts a real `up` or serve, with real cgroups, and may wait on it: more than the default.
 pytestmark = pytest.mark.timeout(240)
@@ -447,7 +449,7 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
     settings = config.parse_serve(["--files", str(files), "--programs-path", SYSTEM_PATH, "--timeout", "2m",
                                    "--output", "16K", "--program", "sh", "--write", "work",
                                    "--limits", "memory=64M,tasks=32,cpu=150%", "--", *PASS_THROUGH])
-    from linkrun import tools
+    from linkrun.front import tools
 
     instructions = tools.Tools(settings).instructions()
     assert ("Each call may use at most 64M of memory, 32 processes and threads, 1.5 cores' worth of CPU: past "

@@ -17,7 +17,7 @@ from conftest import require_sandbox
 from percall_helpers import call_part, close_all, open_files, refused
 from sandbox_helpers import Agent
 
-from linkrun import percall
+from linkrun.sandboxing import percall
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import SERVER, clean_env, require_sandbox, wait_for
 
-from linkrun import internet, proxy
+from linkrun.network import internet, proxy
 
 
 @pytest.fixture

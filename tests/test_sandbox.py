@@ -19,7 +19,8 @@ from conftest import SERVER, require_sandbox, wait_for
 from up_harness import processes_with
 from sandbox_helpers import Agent
 
-from linkrun import agent, sandbox
+from linkrun import agent
+from linkrun.sandboxing import sandbox
 from linkrun.errors import LinkRunError
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import SYSTEM_PATH, require_sandbox
 
-from linkrun import seccomp
+from linkrun.sandboxing import seccomp
 
 TEST_USER = "lnk-seccomp-test"
 AUDIT_ARCH_I386 = 0x40000003

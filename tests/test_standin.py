@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, SERVER, clean_env
 from standin_helpers import AGENT, message
 
-from linkrun import wayin
+from linkrun.messages import wayin
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_stand_in_exits_0_on_sigterm_and_sigint(way_ins, sig):

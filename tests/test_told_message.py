@@ -8,7 +8,7 @@ import re
 import pytest
 from standin_helpers import ID, between, output_block, record
 
-from linkrun import told
+from linkrun.messages import told
 
 
 def test_the_text_frames_the_output_between_markers_that_carry_a_nonce():

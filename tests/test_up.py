@@ -12,7 +12,8 @@ import pytest
 from conftest import SERVER, clean_env, require_sandbox, text_of
 from sandbox_helpers import Agent, outer_sandbox
 
-from linkrun import doctor, sandbox, up
+from linkrun import doctor, up
+from linkrun.sandboxing import sandbox
 from linkrun.errors import LinkRunError, UsageError
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import SERVER, clean_env, REPO, wait_for
 from standin_helpers import AGENT, ID, KEY, message, record, write_key
 
-from linkrun import told, wayin
+from linkrun.messages import told, wayin
 
 # -- delivery ----------------------------------------------------------------
 
@@ -271,11 +271,11 @@ def test_a_relative_or_missing_keyring_is_given_up(keyring):
 
 def test_importing_the_sender_and_the_message_loads_nothing_the_supervisor_does_not_need():
     done = subprocess.run(
-        SERVER[:2] + ["-c", "import sys, linkrun.told, linkrun.wayin; print(' '.join(sorted(sys.modules)))"],
+        SERVER[:2] + ["-c", "import sys, linkrun.messages.told, linkrun.messages.wayin; print(' '.join(sorted(sys.modules)))"],
         capture_output=True, env=clean_env(), cwd=str(REPO), timeout=30, check=True)
     loaded = set(done.stdout.decode().split())
     for heavy in ("http", "http.client", "http.server", "email", "json", "datetime", "orjson",
-                  "watchdog", "linkrun.config", "linkrun.server", "linkrun.tools"):
+                  "watchdog", "linkrun.config", "linkrun.front.server", "linkrun.front.tools"):
         assert heavy not in loaded, heavy
 
 

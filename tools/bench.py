@@ -364,7 +364,7 @@ def told(files: str):
     # 1,000 ended records: a sweep of them, and serve's start beside them.
     big = tempfile.mkdtemp(prefix="state-", dir=scratch)
     sys.path.insert(0, str(REPO))
-    from linkrun import records
+    from linkrun.detached import records
 
     for _ in range(1000):
         command_id = records.new_id()
@@ -500,7 +500,7 @@ def limits_cost(files: str):
     --limits and without, interleaved in one run (a pass-through sandbox, so
     that the difference is the group alone: made, joined by the small sh,
     removed)."""
-    from linkrun import cgroups
+    from linkrun.sandboxing import cgroups
 
     place = cgroups.find()
     if not place.folders:
@@ -559,7 +559,7 @@ def proxy_group(files: str):
     users = os.open(os.path.join(state, "proxy.users"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(users, fcntl.LOCK_SH)
     sys.path.insert(0, str(REPO))
-    from linkrun import internet
+    from linkrun.network import internet
 
     internet.write_settings(state, [f"127.0.0.2:{port}"], None)
     process = subprocess.Popen(SERVER + ["proxy", "--state", state], stderr=subprocess.DEVNULL)

@@ -3,7 +3,7 @@
 when none runs), the relay a sandbox runs, and what the proxy refused.
 
 Cheap to import and stdlib only but orjson: the proxy itself (asyncio) is
-`linkrun.proxy`, in a process of its own.
+`linkrun.network.proxy`, in a process of its own.
 
 Files of the state folder: `proxy.json` (the hosts and the route, written by
 `up` from the sandbox file; the proxy reads it again whenever it changes),
@@ -25,8 +25,8 @@ import sys
 import threading
 import time
 
-from . import filing, records
-from .errors import LinkRunError
+from ..detached import filing, records
+from ..errors import LinkRunError
 
 # Named in records' layout of the state folder.
 SETTINGS, REFUSED, FOLDER, SOCKET = (records.PROXY_SETTINGS, records.PROXY_REFUSED, records.PROXY_FOLDER,

@@ -17,7 +17,7 @@ import os
 import re
 import time
 
-from .errors import LinkRunError, UsageError
+from ..errors import LinkRunError, UsageError
 from .filing import write_whole
 
 VERSION = 1

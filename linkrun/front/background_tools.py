@@ -6,11 +6,11 @@ here they become what a client sees: the structured value and the text.
 
 from __future__ import annotations
 
-from . import records
-from .background import MAX_WAIT
-from .config import Serve
-from .units import format_duration
-from .outfile import ReadChunk
+from ..detached import records
+from ..detached.background import MAX_WAIT
+from ..config import Serve
+from ..units import format_duration
+from ..detached.outfile import ReadChunk
 from .tools import ToolResult, nullable
 
 _ID = {"type": "string", "description": "The command's id, as start answered it."}
@@ -161,7 +161,7 @@ def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, settings: Ser
         notes.append("nothing new yet: read again with wait")
     record = chunk.record
     if record.get("proxy") and record.get("leader_pid"):
-        from .internet import refused, refused_note
+        from ..network.internet import refused, refused_note
 
         hosts = refused(settings.background.state, record["started"], record["leader_pid"])
         if hosts:

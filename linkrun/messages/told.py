@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import re
 
-from .records import State
-from .units import elapsed, format_duration, killed_by_note
+from ..detached.records import State
+from ..units import elapsed, format_duration, killed_by_note
 
 
 def told_text(record: dict, last_bytes: bytes) -> str:
@@ -26,7 +26,7 @@ def told_text(record: dict, last_bytes: bytes) -> str:
     caller (any length); the last `record["output"] // 2` of them are shown,
     without a character cut at their start.
     """
-    from .capture import utf8_tail
+    from ..processes.capture import utf8_tail
 
     id_ = record["id"]
     command = " ".join(_quoted(word) for word in [record["program"], *record.get("args", [])])

@@ -40,7 +40,7 @@ import errno
 import os
 import struct
 
-from . import filing, records
+from ..detached import filing, records
 
 NAME = records.SECCOMP  # in the state folder
 
@@ -210,7 +210,7 @@ def for_agent(state: str) -> str | None:
     try:
         return ensure(state)
     except OSError as error:
-        from .errors import LinkRunError
+        from ..errors import LinkRunError
 
         raise LinkRunError(f"cannot write the sandbox's syscall filter in {state}: {error.strerror}",
                            "make the agent's state folder writable for you") from None

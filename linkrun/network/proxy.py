@@ -5,7 +5,7 @@ One per agent (`<state>/proxy.lock`), on `<state>/proxy/proxy.sock`, the one
 folder of the state folder a sandbox sees (read-only, at /run/lnk/proxy).
 It lives while a serve or a supervisor holds a shared lock on
 `<state>/proxy.users`, and exits when none does. What it admits is
-`<state>/proxy.json` (linkrun.internet), read again whenever it changes.
+`<state>/proxy.json` (linkrun.network.internet), read again whenever it changes.
 
 asyncio: one thread serves every connection, so a slow client
 costs a waiting coroutine, never a blocked worker, and a hundred connections
@@ -36,9 +36,10 @@ import struct
 import sys
 import time
 
-from . import internet, records
-from .config import split_flags
-from .errors import LinkRunError, UsageError
+from . import internet
+from ..detached import records
+from ..config import split_flags
+from ..errors import LinkRunError, UsageError
 
 HEAD_MAX = 64 * 1024
 # A client sends its request as it connects: a silent one only holds a descriptor.

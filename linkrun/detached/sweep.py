@@ -15,12 +15,13 @@ import signal
 import sys
 import time
 
-from . import filing, records, telling
+from . import filing, records
+from ..messages import telling
 from .records import State, Told
 from .outfile import measure
-from .address import AGENT_ID
-from .config import check_way_in, split_flags
-from .errors import UsageError
+from ..messages.address import AGENT_ID
+from ..config import check_way_in, split_flags
+from ..errors import UsageError
 
 STOP_WAIT = 10.0
 
@@ -226,7 +227,7 @@ def kill_if_own(record: dict) -> None:
 def end_cgroup(record: dict) -> None:
     """Its cgroup, as a whole: whatever is left in it, and the group itself."""
     if record.get("cgroup"):
-        from .cgroups import Group
+        from ..sandboxing.cgroups import Group
 
         group = Group.of_record(record["cgroup"])
         left = group.members()

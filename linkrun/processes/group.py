@@ -25,7 +25,7 @@ from .child import SLICE, boottime, exit_status, kill_group
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .cgroups import Group as Cgroup
+    from ..sandboxing.cgroups import Group as Cgroup
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20

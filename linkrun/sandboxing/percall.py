@@ -30,7 +30,7 @@ import os
 import stat
 from collections.abc import Iterator, Sequence
 
-from .errors import Refused
+from ..errors import Refused
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_PATH: a guarded file is bound, never read; O_NOFOLLOW with O_PATH opens a
@@ -103,7 +103,7 @@ def call_part(files_fd: int, files_path: str, write: Sequence[str], proxy_dir: s
             part += ["--ro-bind-fd", str(read_only[rel]), f"{files_path}/{rel}"]
         if proxy_dir:
             # The state folder is no program's to write: a path is safe here.
-            from .internet import INSIDE  # free: whoever passes proxy_dir has loaded it
+            from ..network.internet import INSIDE  # free: whoever passes proxy_dir has loaded it
 
             part += ["--ro-bind", proxy_dir, INSIDE]
         folder = folder.strip("/")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import Refused
+from ..errors import Refused
 
 
 class Programs:

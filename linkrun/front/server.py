@@ -18,8 +18,9 @@ from collections import OrderedDict
 
 import orjson
 
-from . import __version__, runner
-from .config import parse_serve
+from .. import __version__
+from ..processes import runner
+from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     UNSUPPORTED_VERSION, Channel, error, result,
@@ -391,7 +392,7 @@ def _tool_result(outcome: ToolResult, version: str) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        from .config import SERVE_USAGE
+        from ..config import SERVE_USAGE
         print(f"usage: {SERVE_USAGE}")
         return 0
     # A call holds a few descriptors, and many calls run at once: never let a
@@ -400,11 +401,11 @@ def main(argv: list[str]) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     settings = parse_serve(argv)
     if settings.background is not None:
-        from .records import check_filesystem
+        from ..detached.records import check_filesystem
 
         check_filesystem(settings.background.state)
     if settings.proxy:
-        from .internet import read_settings
+        from ..network.internet import read_settings
 
         read_settings(settings.state)  # refused now, in one line, rather than at each call
     # Clients pass almost no environment (no LANG): our streams are bytes, and

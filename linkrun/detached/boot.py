@@ -16,6 +16,6 @@ if __name__ == "__main__":
     if len(sys.argv) != 6 or sys.argv[2] != "supervise" or sys.argv[4] != "--state":
         sys.exit("usage: boot.py <folders> supervise <id> --state <dir> (started by serve, not by hand)")
     sys.path[:0] = sys.argv[1].split(os.pathsep)
-    from linkrun.supervise import supervise
+    from linkrun.detached.supervise import supervise
 
     sys.exit(supervise(sys.argv[3], sys.argv[5]))

@@ -14,14 +14,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import runner
-from .capture import Capture
-from .launch import Launch, Sandbox, prepare, program_argv
-from .child import signal_name
-from .config import CONTROLLERS, Limits, Serve
-from .errors import LinkRunError, Refused
-from .programs import Programs
-from .units import describe_size, format_duration, killed_by_note
+from ..processes import runner
+from ..processes.capture import Capture
+from ..sandboxing.launch import Launch, Sandbox, prepare, program_argv
+from ..processes.child import signal_name
+from ..config import CONTROLLERS, Limits, Serve
+from ..errors import LinkRunError, Refused
+from ..processes.programs import Programs
+from ..units import describe_size, format_duration, killed_by_note
 
 
 @dataclass
@@ -157,13 +157,13 @@ class Tools:
         self.background = None
         self.proxy = None
         if settings.proxy:
-            from .internet import Users
+            from ..network.internet import Users
 
             self.proxy = Users(settings.state)
         if settings.programs:
             self.table["command"] = self._command_tool()
         if settings.offers_background:
-            from .background import Background
+            from ..detached.background import Background
             from .background_tools import tool_table
 
             self.background = Background(settings, self._files_descriptor)
@@ -185,7 +185,7 @@ class Tools:
             threading.Thread(target=self._proxy_ready, daemon=True, name="proxy").start()
 
     def _say_limits_that_do_not_hold(self) -> None:
-        from . import cgroups  # not at start: initialize never waits for it
+        from ..sandboxing import cgroups  # not at start: initialize never waits for it
 
         for line in limit_warnings(self.settings.limits, cgroups.place()):
             print(f"lnk-link-run serve: {line}", file=sys.stderr, flush=True)
@@ -380,7 +380,7 @@ class Tools:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
         relay: list[str] = []
         if self.settings.proxy:
-            from .internet import RELAY
+            from ..network.internet import RELAY
 
             relay = list(RELAY)
         return program_argv(request.program, request.args, self.settings.variables, relay)
@@ -411,7 +411,7 @@ class Tools:
         if no_internet:
             text += f"\n[this call had no internet: {no_internet}]"
         elif self.proxy is not None:
-            from .internet import refused, refused_note
+            from ..network.internet import refused, refused_note
 
             hosts = refused(self.settings.state, since, outcome.pid)
             if hosts:

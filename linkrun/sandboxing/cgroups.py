@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import CONTROLLERS, Limits
+from ..config import CONTROLLERS, Limits
 
 LEAF = "lnk-serve"  # v2: where serve moves itself so that its group may have children with controllers
 CPU_PERIOD = 100_000  # microseconds

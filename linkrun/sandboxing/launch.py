@@ -37,7 +37,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .config import Limits
+from ..config import Limits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
@@ -154,7 +154,7 @@ def _join_group(launch: Launch, limits: Limits) -> None:
         launch.group = cgroups.take(limits)
     except OSError as error:
         launch.close()
-        from .errors import LinkRunError
+        from ..errors import LinkRunError
 
         raise LinkRunError(f"cannot make the call's cgroup for its limits: {error}",
                            "run lnk-link-run doctor, which says which limits can hold here") from None
@@ -181,7 +181,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             try:
                 filter_fd = os.open(sandbox.seccomp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             except OSError as error:
-                from .errors import LinkRunError
+                from ..errors import LinkRunError
 
                 raise LinkRunError(f"cannot open the sandbox's syscall filter {sandbox.seccomp}: {error.strerror}",
                                    "start the agent again with lnk-link-run up, which writes it") from None

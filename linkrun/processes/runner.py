@@ -14,17 +14,16 @@ import io
 import os
 import select
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import beneath
+from ..sandboxing import beneath
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
-from .errors import Refused
+from ..errors import Refused
 from .group import CHUNK, Leader, Watch, grow_pipe
-from .launch import Launch
+from ..sandboxing.launch import Launch
 
 LEFTOVER_GRACE = 1.0
 PROGRESS_EVERY = 0.25
@@ -98,22 +97,27 @@ def kill_leftovers_now():
         process.wait()
     for group in groups:
         group.remove()
-    loaded = sys.modules.get(f"{__package__}.cgroups")  # loaded by the first call with limits
-    if loaded is not None:
-        loaded.remove_spares()
+    if _groups_made:  # else cgroups was never loaded, and need not be now
+        from ..sandboxing import cgroups
+
+        cgroups.remove_spares()
 
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # loaded only by a launch with limits
-    from . import cgroups
+    from ..sandboxing import cgroups
 
 # Calls' cgroups still being removed, so that shutdown removes them before it exits.
 _groups: set[cgroups.Group] = set()
+_groups_made = False
 
 
 def _remove_soon(group: cgroups.Group) -> None:
     """Off the answer's path: its members take milliseconds to leave."""
-    from . import cgroups  # loaded already: the group is one
+    from ..sandboxing import cgroups  # loaded already: the group is one
+
+    global _groups_made
+    _groups_made = True
 
     def remove() -> None:
         cgroups.make_spare(group.limits)  # first the next call's, while no answer waits

@@ -17,11 +17,12 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, UTC
 
-from . import admission, beneath, outfile, records
+from . import admission, outfile, records
+from ..sandboxing import beneath
 from .outfile import ReadChunk
 from .watch import Watcher
-from .config import Serve
-from .errors import LinkRunError, Refused
+from ..config import Serve
+from ..errors import LinkRunError, Refused
 
 THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"

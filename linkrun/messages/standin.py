@@ -19,8 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .address import AGENT_ID, parse_address
-from .config import split_flags
-from .errors import LinkRunError, UsageError
+from ..config import split_flags
+from ..errors import LinkRunError, UsageError
 from .wayin import read_key, signature
 
 # A way in refuses a Link-Date further than this from its clock (§4).

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import records
-from .capture import utf8_head, utf8_tail
-from .errors import LinkRunError, Refused
-from .group import CHUNK
+from ..processes.capture import utf8_head, utf8_tail
+from ..errors import LinkRunError, Refused
+from ..processes.group import CHUNK
 # Read and write: a rotation copies the newest bytes out of the old file.
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 RETRY_FULL_DISK = 1.0  # seconds between tries while a disk is full

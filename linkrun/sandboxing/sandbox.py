@@ -23,14 +23,14 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from . import agent as agent_folder
-from . import internet as internet_
-from .config import Limits
-from .config import parse_size, split_flags
-from .errors import LinkRunError, UsageError
-from .group import kill_init
+from .. import agent as agent_folder
+from ..network import internet as internet_
+from ..config import Limits
+from ..config import parse_size, split_flags
+from ..errors import LinkRunError, UsageError
+from ..processes.group import kill_init
 from .launch import Sandbox, prepare, program_argv
-from .programs import which
+from ..processes.programs import which
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Top-level system folders: on a merged-/usr system they are links into
@@ -58,8 +58,8 @@ RESERVED = ("chats", "background")  # of the files folder: never writable
 
 @functools.cache
 def defaults() -> dict:
-    """The embedded defaults (defaults.toml beside this file)."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults.toml"), "rb") as f:
+    """The embedded defaults (defaults.toml in the package's folder)."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "defaults.toml"), "rb") as f:
         return tomllib.load(f)
 
 

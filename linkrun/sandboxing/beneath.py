@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 
-from .errors import Refused
+from ..errors import Refused
 
 FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from . import filing, records
-from .errors import Refused
+from ..errors import Refused
 
 START_LOCK_WAIT = 5.0
 DAY = 86400

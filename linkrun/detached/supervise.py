@@ -24,11 +24,11 @@ import time
 
 from . import records
 from .records import AGENT_STOPPING, State, Told
-from .child import boottime, kill_group, signal_name
-from .errors import LinkRunError
-from .group import Leader, Stage, Watch, grow_pipe
-from .config import Limits
-from .launch import Launch, Sandbox, prepare
+from ..processes.child import boottime, kill_group, signal_name
+from ..errors import LinkRunError
+from ..processes.group import Leader, Stage, Watch, grow_pipe
+from ..config import Limits
+from ..sandboxing.launch import Launch, Sandbox, prepare
 from .outfile import OutputFile
 
 WATCH_PENDING = 0.01
@@ -152,7 +152,7 @@ class Supervisor:
             # Among the proxy's users until we exit, so the command's internet
             # outlives the serve that started it. Without it the program still
             # runs: the relay tells it it has no internet.
-            from .internet import Users
+            from ..network.internet import Users
 
             try:
                 Users(self.state).ensure()
@@ -237,7 +237,7 @@ class Supervisor:
         """Step 3. The sandbox's launch is prepared here, as serve prepares a
         call's, and its descriptors handed to the gate: the gate itself only
         arms its death signal, waits for `G` and execs."""
-        from . import beneath
+        from ..sandboxing import beneath
 
         record = self.record
         box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
@@ -417,7 +417,7 @@ class Supervisor:
 
     def tell(self):
         """Step 9: tell the conversation through the way in (§4)."""
-        from . import telling
+        from ..messages import telling
 
         telling.tell_from_supervisor(self.state, self.id, self.record, self.log, self.wake_r,
                                      stopping=lambda: self.signalled is not None, poll_every=self.wake_poll)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import orjson
 
-from . import filing, records
-from .records import Told
+from ..detached import filing, records
+from ..detached.records import Told
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class WayIn:
 
 def last_bytes(record: dict) -> bytes:
     """The end of the command's output for the message, read without following a link."""
-    from .outfile import open_background, open_output
+    from ..detached.outfile import open_background, open_output
 
     want = max(0, int(record.get("output") or 0) // 2)
     try:

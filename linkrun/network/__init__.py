@@ -1,0 +1,1 @@
+"""The agent's internet: its proxy, and what the rest needs of it."""

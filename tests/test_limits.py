@@ -422,7 +422,7 @@ def test_a_v2_group_is_joined_killed_as_a_whole_and_removed():
     assert not os.path.exists(folder)
 
 
-CHECKS = ("from linkrun import doctor, cgroups; [print(l, w, '->', f) for l, w, f in "
+CHECKS = ("from linkrun import doctor; from linkrun.sandboxing import cgroups; [print(l, w, '->', f) for l, w, f in "
           "doctor.limit_checks(cgroups.Limits(1 << 30, 64, 150), False, 'no bus')]")
 
 

@@ -426,7 +426,7 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
     settings = config.parse_serve(["--files", str(files), "--programs-path", SYSTEM_PATH, "--timeout", "2m",
                                    "--output", "16K", "--program", "sh", "--write", "work",
                                    "--limits", "memory=64M,tasks=32,cpu=150%", "--", *PASS_THROUGH])
-    from linkrun import tools
+    from linkrun import command_answer, tools
 
     instructions = tools.Tools(settings).instructions()
     assert ("Each call may use at most 64M of memory, 32 processes and threads, 1.5 cores' worth of CPU: past "
@@ -434,9 +434,9 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
         in instructions
     nowhere = cgroups.Place(version=0, folders={}, missing={"memory": "no delegation", "pids": "no delegation",
                                                             "cpu": "no delegation"})
-    warnings = tools.limit_warnings(settings.limits, nowhere)
+    warnings = command_answer.limit_warnings(settings.limits, nowhere)
     assert [w.split(" limit")[0] for w in warnings] == ["the per-call memory", "the per-call tasks",
                                                          "the per-call cpu"]
     assert all("(no delegation): run lnk-link-run doctor for the fix" in w for w in warnings)
     everywhere = cgroups.Place(version=1, folders={"memory": "/m", "pids": "/p", "cpu": "/c"}, missing={})
-    assert tools.limit_warnings(settings.limits, everywhere) == []
+    assert command_answer.limit_warnings(settings.limits, everywhere) == []

@@ -311,12 +311,9 @@ def stop_all(state: str, reason: str) -> list[str]:
     """Stop files for every running command; wait until each supervisor has
     exited (a command stopped this way ends lost and is not told now, so its
     supervisor exits right after recording the end)."""
-    running = []
-    for command_id in records.ids(state):
-        record = records.load(state, command_id)
-        if record and record["state"] in records.RUNNING_STATES and records.is_held(state, command_id):
-            records.write_stop(state, command_id, reason)
-            running.append(command_id)
+    running = records.running_ids(state)
+    for command_id in running:
+        records.write_stop(state, command_id, reason)
     deadline = time.monotonic() + STOP_WAIT
     for command_id in running:
         while time.monotonic() < deadline:

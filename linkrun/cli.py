@@ -82,13 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     module_name, function, _ = COMMANDS[name]
     try:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            print(f"lnk-link-run {name}: not built yet in this version", file=sys.stderr)
-            return 2
+        module = importlib.import_module(module_name)
         return getattr(module, function)(rest) or 0
     except LinkRunError as error:
         print(f"lnk-link-run {name}: {error}", file=sys.stderr)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .messages.address import AGENT_ID, parse_address
+from .agent import default_keyring
 from .errors import LinkRunError, UsageError
 
 # A call's limits → the cgroup controller that enforces each (cgroups.py).
@@ -66,6 +68,34 @@ def check_way_in(text: str) -> str:
         raise UsageError(f"--way-in: {problem.message}", problem.hint or
                          "give http://127.0.0.1:<port>/<path> or unix:<absolute socket path>") from None
     return text
+
+
+@dataclass(frozen=True)
+class WayInFlags:
+    """--way-in, --as and --keyring, checked together; all None without a way in."""
+
+    address: str | None = None
+    agent: str | None = None
+    keyring: str | None = None  # absolute
+
+
+def way_in_flags(flags: Mapping[str, str], environ: Mapping[str, str]) -> WayInFlags:
+    """The one check of the way-in flags, for serve, up and sweep alike:
+    --no-way-in excludes the others, --way-in needs a good --as, and --as and
+    --keyring mean nothing without --way-in. The keyring defaults as Link's."""
+    address, agent = flags.get("--way-in"), flags.get("--as")
+    if "--no-way-in" in flags and (address or agent is not None or "--keyring" in flags):
+        raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")
+    if not address:
+        if agent is not None or "--keyring" in flags:
+            raise UsageError("--as and --keyring need --way-in <address>")
+        return WayInFlags()
+    check_way_in(address)
+    if agent is None:
+        raise UsageError("--way-in needs --as <agent id>")
+    if not AGENT_ID.fullmatch(agent):
+        raise UsageError(f"--as {agent!r} is not an agent id", "use letters, digits, '.', '_' and '-'")
+    return WayInFlags(address, agent, os.path.abspath(flags.get("--keyring") or default_keyring(environ)))
 
 
 @dataclass(frozen=True)
@@ -288,30 +318,17 @@ def _parse_background(flags: Flags) -> Background | None:
     for required in _BACKGROUND_REQUIRED:
         if required not in flags:
             raise UsageError(f"{required} is required with --state")
-    no_way_in = "--no-way-in" in flags
-    way_in = flags.get("--way-in")
-    if no_way_in and (way_in or "--as" in flags or "--keyring" in flags):
-        raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")
-    if not no_way_in and not way_in:
+    if not flags.get("--way-in") and "--no-way-in" not in flags:
         raise UsageError(
             "--state needs --way-in <address> --as <agent id>, or --no-way-in",
             "background commands tell their end through the way in",
         )
-    agent = keyring = None
-    if way_in:
-        check_way_in(str(way_in))
-        if "--as" not in flags:
-            raise UsageError("--way-in needs --as <agent id>")
-        agent = str(flags["--as"])
-        if not AGENT_ID.fullmatch(agent):
-            raise UsageError(f"--as {agent!r} is not an agent id", "use letters, digits, '.', '_' and '-'")
-        keyring = str(flags.get("--keyring") or os.environ.get("LINK_KEYRING") or os.path.expanduser("~/.link/keyring"))
-        keyring = os.path.abspath(keyring)
+    way_in = way_in_flags(flags, os.environ)
     return Background(
         state=os.path.abspath(str(flags["--state"])),
-        way_in=str(way_in) if way_in else None,
-        agent=agent,
-        keyring=keyring,
+        way_in=way_in.address,
+        agent=way_in.agent,
+        keyring=way_in.keyring,
         running=parse_count("--background", str(flags["--background"])),
         timeout=parse_duration("--background-timeout", str(flags["--background-timeout"])),
         output=parse_size("--background-output", str(flags["--background-output"])),

@@ -11,7 +11,7 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
 from .sandboxing import sandbox
@@ -158,21 +158,52 @@ def scope_works() -> tuple[bool, str]:
 
 
 def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]) -> Iterator[Check]:
-    """Each check as (level, what, fix): level is ok, warn or FAIL."""
+    """Each check as (level, what, fix): level is ok, warn or FAIL. A FAIL
+    ends the checks that would build on what failed."""
     folder = agent_folder.locate(agent_root)
     if sandbox_path is None and os.path.exists(folder.sandbox_file):
         sandbox_path = folder.sandbox_file
+    settings = yield from _sandbox_file(sandbox_path)
+    if settings is None:
+        return
+    host = yield from _host_checks(settings)
+    if host is None:
+        return
+    if not os.path.isdir(folder.files):
+        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
+        return
+    kept = yield from _sandbox_starts(folder, settings, environ, host)
+    if kept is None:
+        return
+    yield from _program_checks(kept)
+    yield _fork_brake_check(host)
+    works, why = scope_works()
+    if works:
+        yield "ok", "per-agent limits: serve runs in a systemd scope of its own", ""
+    else:
+        yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
+            "see docs/security.md"
+    yield from limit_checks(sandbox.call_limits(settings, host), works, why)
+
+
+def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFile | None]:
+    """The sandbox file, loaded; None once it failed."""
     try:
-        settings = sandbox.load(sandbox_path)
-        yield "ok", f"the sandbox file: {settings.source}", ""
+        settings = sandbox.load(path)
     except LinkRunError as error:
         yield "FAIL", f"the sandbox file: {error.message}", error.hint
-        return
+        return None
+    yield "ok", f"the sandbox file: {settings.source}", ""
+    return settings
+
+
+def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, sandbox.Host | None]:
+    """This machine's bubblewrap and what the sandbox file asks of it; None once bubblewrap failed."""
     try:
         host = sandbox.host_facts()
     except LinkRunError as error:
         yield "FAIL", error.message, error.hint
-        return
+        return None
     yield "ok", f"bubblewrap: {host.bwrap}; prlimit: {host.prlimit}", ""
     if settings.hosts and sandbox.find_system("socat") is None:
         yield "FAIL", "[internet] names hosts, and the sandbox's relay to the proxy, socat, is missing", \
@@ -183,9 +214,12 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         yield "ok", "bubblewrap has --disable-userns: no program makes a user namespace of its own", ""
     else:
         yield "warn", "this bubblewrap has no --disable-userns (it came in 0.8.0)", "update bubblewrap"
-    if not os.path.isdir(folder.files):
-        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
-        return
+    return host
+
+
+def _sandbox_starts(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
+                    host: sandbox.Host) -> Generator[Check, None, sandbox.Programs | None]:
+    """The agent's own sandbox, started once; the programs it keeps, or None once it failed."""
     from .sandboxing import seccomp
 
     try:
@@ -195,37 +229,36 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
                 "runs without one", "see docs/security.md (the filter is built for x86_64 and aarch64)"
         fixed, kept, _ = sandbox.build(folder, settings, environ, host=host)
         probe(fixed, folder, sandbox.write_folders(settings), filter_path)
-        yield "ok", "the sandbox starts, in the files folder, which it cannot write but for its write folders", ""
-        yield "ok", "inside, the kernel's settings (/proc/sys) and /dev are read-only, and no process has the " \
-            "caller's environment", ""
-        if filter_path:
-            yield "ok", "the syscall filter is loaded inside (io_uring, keys, bpf, the mount API, new namespaces " \
-                "and terminal injection are refused)", ""
     except LinkRunError as error:
         yield "FAIL", error.message, error.hint
-        return
+        return None
+    yield "ok", "the sandbox starts, in the files folder, which it cannot write but for its write folders", ""
+    yield "ok", "inside, the kernel's settings (/proc/sys) and /dev are read-only, and no process has the " \
+        "caller's environment", ""
+    if filter_path:
+        yield "ok", "the syscall filter is loaded inside (io_uring, keys, bpf, the mount API, new namespaces " \
+            "and terminal injection are refused)", ""
+    return kept
+
+
+def _program_checks(kept: sandbox.Programs) -> Iterator[Check]:
     yield "ok", f"programs offered: {', '.join(kept.kept) or 'none'}", ""
     if kept.missing:
         yield "warn", f"not on this machine, so not offered: {', '.join(kept.missing)}", "install them if the agent needs them"
     for name, where in kept.hidden:
         yield "warn", f"{name} resolves to {where}, which the sandbox does not show, so it is not offered", \
             f"list {where} in [commands] allow to show its folder"
+
+
+def _fork_brake_check(host: sandbox.Host) -> Check:
     count, margin = sandbox.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
-        yield "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
+        return "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
             "run the agent as an ordinary user"
-    elif host.nproc < count + margin:
-        yield "warn", f"your user runs {count} tasks, near its hard limit of {host.nproc}: " \
+    if host.nproc < count + margin:
+        return "warn", f"your user runs {count} tasks, near its hard limit of {host.nproc}: " \
             "a call may fail to start processes", "raise the hard limit on processes (ulimit -Hu) or run fewer"
-    else:
-        yield "ok", f"the fork-bomb brake: --nproc {host.nproc} ({count} tasks now + {margin})", ""
-    works, why = scope_works()
-    if works:
-        yield "ok", "per-agent limits: serve runs in a systemd scope of its own", ""
-    else:
-        yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
-            "see docs/security.md"
-    yield from limit_checks(sandbox.call_limits(settings, host), works, why)
+    return "ok", f"the fork-bomb brake: --nproc {host.nproc} ({count} tasks now + {margin})", ""
 
 
 _LIMIT_WORDS = {controller: name for name, controller in CONTROLLERS.items()}

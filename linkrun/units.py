@@ -1,5 +1,6 @@
-"""Durations, sizes and exit statuses in words, for the tools' texts and the
-told message alike. Of ours it imports only `linkrun.processes.child`, the one signal namer."""
+"""Durations, sizes, times and exit statuses in words, for the tools' texts
+and the told message alike. Of ours it imports only `linkrun.processes.child`, the one
+signal namer; datetime only when a time is written (the supervisor's budget)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def elapsed(seconds: float) -> str:
     if days or hours:
         parts.append(f"{hours}h")
     return " ".join([*parts, f"{minutes}m", f"{secs}s"])
+
+
+def local_time(unix: float) -> str:
+    """A moment as the user's clock shows it, to the second: 2026-12-03T14:05:09+01:00."""
+    from datetime import datetime
+
+    return datetime.fromtimestamp(float(unix)).astimezone().isoformat(timespec="seconds")
 
 
 def describe_size(size: int) -> str:

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 
 from . import agent as agent_folder
 from . import doctor
-from .detached import filing
+from .detached import filing, records
 from .network import internet
 from .sandboxing import sandbox, seccomp
-from .messages.address import AGENT_ID, parse_address
-from .config import check_way_in, parse_duration, parse_size, split_flags
+from .messages.address import parse_address
+from .config import Flags, WayInFlags, parse_duration, parse_size, split_flags, way_in_flags
 from .errors import LinkRunError, UsageError
 
 USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
@@ -93,54 +93,64 @@ def _keep(source: str, destination: str) -> None:
 
 def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], doctor.Probe]:
     """Everything `up` does but the exec: the argv it execs, and the sandbox probe under way."""
+    flags, route, way_in = _check_flags(argv, environ)
+    folder, settings, run = _agent_files(flags, environ)
+    keyring = way_in.keyring or os.path.abspath(agent_folder.default_keyring(environ))
+    fixed, kept, host = sandbox.build(folder, settings, environ, keyring)
+    write = sandbox.write_folders(settings)
+    filter_path = seccomp.for_agent(folder.state)
+    pending = doctor.start_probe(fixed, folder, write, filter_path)
+    _prepare_internet(folder, settings, route, way_in)
+    serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
+             "--programs-path", sandbox.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
+    serve += [flag for program in kept.kept for flag in ("--program", program)]
+    serve += [flag for folder_ in write for flag in ("--write", folder_)]
+    if filter_path:
+        serve += ["--seccomp", filter_path]
+    serve += ["--limits", sandbox.call_limits(settings, host).flag()]
+    serve += _background_flags(folder, settings, run, way_in, "--no-way-in" in flags)
+    return _in_scope(serve + ["--"] + fixed, folder), pending
+
+
+def _check_flags(argv: list[str], environ: Mapping[str, str]) -> tuple[Flags, str | None, WayInFlags]:
+    """up's flags, each checked before anything is created: them, --route, the way in."""
     flags, rest = split_flags(argv, _VALUED, {"--no-way-in"}, set())
     if rest is not None:
         raise UsageError("up takes no program after --", f"usage: {USAGE}")
     route = None
     if "--route" in flags:
         try:
-            route = internet.parse_route(str(flags["--route"]))
+            route = internet.parse_route(flags["--route"])
         except LinkRunError as problem:
             raise UsageError(f"--route: {problem.message}", problem.hint) from None
-    way_in, as_id = flags.get("--way-in"), flags.get("--as")
-    if "--no-way-in" in flags and (way_in or as_id or "--keyring" in flags):
-        raise UsageError("--no-way-in excludes --way-in, --as and --keyring", "give one or the other")
-    if way_in:
-        check_way_in(str(way_in))
-        if not as_id:
-            raise UsageError("--way-in needs --as <agent id>")
-        if not AGENT_ID.fullmatch(str(as_id)):
-            raise UsageError(f"--as {as_id!r} is not an agent id", "use letters, digits, '.', '_' and '-'")
-    elif as_id or "--keyring" in flags:
-        raise UsageError("--as and --keyring need --way-in <address>")
+    return flags, route, way_in_flags(flags, environ)
 
-    # Check what the user gave before anything is created or copied.
-    sandbox_path = str(flags["--sandbox"]) if "--sandbox" in flags else None
+
+def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder.AgentFolder, sandbox.SandboxFile,
+                                                                   dict[str, str]]:
+    """The agent's folder, made, with the sandbox file and the run settings it
+    follows: the ones given (checked before anything is created or copied,
+    then kept in Config/), else the ones kept, else the embedded defaults."""
+    sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
     settings = sandbox.load(sandbox_path) if sandbox_path else None
-    spec_path = str(flags["--spec"]) if "--spec" in flags else None
-    spec = _read_toml(spec_path, "spec") if spec_path else None
-    run = run_settings(spec, spec_path) if spec is not None and spec_path else None
+    run = run_settings(_read_toml(spec_path, "spec"), spec_path) if spec_path else None
 
-    folder = agent_folder.create(str(flags.get("--agent") or agent_folder.default_root(environ)))
+    folder = agent_folder.create(flags.get("--agent") or agent_folder.default_root(environ))
     if sandbox_path:
         _keep(sandbox_path, folder.sandbox_file)
-    elif os.path.exists(folder.sandbox_file):
-        settings = sandbox.load(folder.sandbox_file)
     else:
-        settings = sandbox.load(None)
+        settings = sandbox.load(folder.sandbox_file if os.path.exists(folder.sandbox_file) else None)
     if spec_path:
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
         run = run_settings(_read_toml(folder.spec_file, "spec"), folder.spec_file)
-    if run is None:
-        run = run_settings({}, "the embedded defaults")
     assert settings is not None
+    return folder, settings, run if run is not None else run_settings({}, "the embedded defaults")
 
-    keyring = os.path.abspath(str(flags.get("--keyring") or agent_folder.default_keyring(environ)))
-    fixed, kept, host = sandbox.build(folder, settings, environ, keyring)
-    write = sandbox.write_folders(settings)
-    filter_path = seccomp.for_agent(folder.state)
-    pending = doctor.start_probe(fixed, folder, write, filter_path)
+
+def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, route: str | None,
+                      way_in: WayInFlags) -> None:
+    """The relay the hosts need, and the proxy's settings file."""
     if settings.hosts:
         if sandbox.find_system("socat") is None:
             raise LinkRunError(f"{settings.source}: [internet] names hosts, and the sandbox reaches them through "
@@ -149,43 +159,45 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], docto
     elif route:
         print("lnk-link-run up: --route changes nothing: the sandbox file's [internet] names no hosts",
               file=sys.stderr)
-    if settings.hosts or os.path.exists(os.path.join(folder.state, internet.SETTINGS)):
+    if settings.hosts or os.path.exists(os.path.join(folder.state, records.PROXY_SETTINGS)):
         # Also with no hosts: a proxy still kept by a background command follows the file.
         way_in_port = None
-        if way_in:
-            kind, where, _ = parse_address(str(way_in))  # checked above: the way in's port, never reached
+        if way_in.address:
+            kind, where, _ = parse_address(way_in.address)  # checked: the way in's port, never reached
             way_in_port = where if kind == "http" else None
         internet.write_settings(folder.state, list(settings.hosts), route, way_in_port)
 
-    serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
-             "--programs-path", sandbox.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
-    for program in kept.kept:
-        serve += ["--program", program]
-    for folder_ in write:
-        serve += ["--write", folder_]
-    if filter_path:
-        serve += ["--seccomp", filter_path]
-    serve += ["--limits", sandbox.call_limits(settings, host).flag()]
-    if way_in or "--no-way-in" in flags or settings.hosts:
-        serve += ["--state", folder.state]
-    if settings.hosts:
-        serve += ["--proxy"]
-    if way_in or "--no-way-in" in flags:
-        serve += ["--way-in", str(way_in), "--as", str(as_id), "--keyring", keyring] if way_in else ["--no-way-in"]
-        for flag in ("--background", "--background-timeout", "--background-output", "--background-keep",
-                     "--background-per-day", "--hops"):
-            serve += [flag, run[flag]]
-    serve += ["--"] + fixed
 
+def _background_flags(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, run: dict[str, str],
+                      way_in: WayInFlags, no_way_in: bool) -> list[str]:
+    """serve's state folder (for background commands, the proxy or both), its proxy, and its background settings."""
+    told = way_in.address is not None or no_way_in
+    flags = ["--state", folder.state] if told or settings.hosts else []
+    if settings.hosts:
+        flags += ["--proxy"]
+    if not told:
+        return flags
+    if way_in.address is not None:
+        flags += ["--way-in", way_in.address, "--as", str(way_in.agent), "--keyring", str(way_in.keyring)]
+    else:
+        flags += ["--no-way-in"]
+    for flag in ("--background", "--background-timeout", "--background-output", "--background-keep",
+                 "--background-per-day", "--hops"):
+        flags += [flag, run[flag]]
+    return flags
+
+
+def _in_scope(serve: list[str], folder: agent_folder.AgentFolder) -> list[str]:
+    """serve in a systemd scope of its own where one can be had: the per-agent limits."""
     works, _ = doctor.scope_works()
-    if works:
-        limits = sandbox.defaults()["limits"]
-        # Delegate=yes: serve may make a cgroup for each call inside its scope.
-        serve = [sandbox.find_system("systemd-run") or "systemd-run", "--user", "--scope", "--quiet", "--collect",
-                 "-p", "Delegate=yes",
-                 "-p", f"MemoryMax={limits['scope_memory']}", "-p", f"TasksMax={limits['scope_tasks']}",
-                 "--description", f"Link Run agent {os.path.basename(folder.root)}", "--"] + serve
-    return serve, pending
+    if not works:
+        return serve
+    limits = sandbox.defaults()["limits"]
+    # Delegate=yes: serve may make a cgroup for each call inside its scope.
+    return [sandbox.find_system("systemd-run") or "systemd-run", "--user", "--scope", "--quiet", "--collect",
+            "-p", "Delegate=yes",
+            "-p", f"MemoryMax={limits['scope_memory']}", "-p", f"TasksMax={limits['scope_tasks']}",
+            "--description", f"Link Run agent {os.path.basename(folder.root)}", "--"] + serve
 
 
 def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:

@@ -15,8 +15,6 @@ the agent when npm is there.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -25,28 +23,15 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVER, SYSTEM_PATH, require_sandbox
+from node_helpers import NODE_DIR, need_node
 
 pytestmark = [pytest.mark.node, pytest.mark.sandbox]
 
-AGENT = Path(__file__).resolve().parent / "node" / "node_modules" / "@google" / "gemini-cli"
+AGENT = NODE_DIR / "node_modules" / "@google" / "gemini-cli"
 PRINTED = str(2**100)
 # Gemini CLI names an MCP tool mcp_<server>_<tool>.
 TOOL = "mcp_run_command"
 MODEL = "gemini-2.5-flash"
-
-
-def need_agent() -> str:
-    node = shutil.which("node")
-    missing = None
-    if node is None:
-        missing = "node is missing (install Node 20 or later)"
-    elif not (AGENT / "bundle" / "gemini.js").is_file():
-        missing = "Gemini CLI is not installed in tests/node: run tools/setup"
-    if missing:
-        if os.environ.get("CI") or os.environ.get("LNK_REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"{missing}; CI or LNK_REQUIRE_SANDBOX=1 is set, so this is a failure")
-        pytest.skip(f"{missing} (set CI=1 or LNK_REQUIRE_SANDBOX=1 to fail instead)")
-    return node
 
 
 def sse(chunk: dict) -> bytes:
@@ -131,7 +116,8 @@ def set_up_gemini(tmp_path: Path, server: list[str]) -> tuple[Path, Path]:
 @pytest.mark.timeout(180)
 def test_gemini_cli_gives_its_model_the_printed_number_once(tmp_path, stand_in):
     require_sandbox()
-    node = need_agent()
+    node = need_node(AGENT / "bundle" / "gemini.js", "Gemini CLI is not installed in tests/node",
+                     sandboxed=True)
     url, turns = stand_in
     # As a user runs it: up, with an agent folder of its own, for a plain client.
     server = SERVER + ["up", "--agent", str(tmp_path / "agent"), "--no-way-in"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
-from conftest import parent_of, pid_alive, serve_argv, text_of, wait_for
+from conftest import SERVER, parent_of, pid_alive, serve_argv, text_of, wait_for
 
 from linkrun.detached import records
 
@@ -387,3 +387,38 @@ def test_star_refuses_an_absolute_program_not_visible_in_the_sandbox(tmp_path):
     with pytest.raises(Refused, match="not visible in the sandbox"):
         programs.resolve(str(tool))
     assert Programs(("*",), "/usr/bin:/bin", ("/usr/bin/env",)).resolve(str(tool)) == str(tool)
+
+
+def test_a_read_and_a_list_open_background_once_a_call(files, state, monkeypatch):
+    """However many records a list shows and however many passes a waiting read makes."""
+    from linkrun.sandboxing import beneath
+    from linkrun import config
+    from linkrun.detached.background import Background
+
+    settings = config.parse_serve(background_argv(files, state)[len(SERVER) + 1:])
+    files_fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    background = Background(settings, lambda: files_fd)
+    os.close(background.background_folder())
+    records.ensure_state(str(state))
+    locks = []
+    for _ in range(3):  # running, as its supervisor's held lock says
+        command_id = records.new_id()
+        locks.append(records.create_lock(str(state), command_id))
+        record = records.new_record(command_id, argv=[], write=[], proxy=None, seccomp=None, files=str(files),
+                                    folder="", program="sleep", args=["60"], program_argv=[], timeout=60,
+                                    output=16384, background_output=16384, keep=60, way_in=None, agent=None,
+                                    keyring=None, thread=META["link.local/thread"], hops=0, limits=None)
+        record["state"] = records.State.RUNNING
+        records.write(str(state), command_id, record)
+    opened: list[str] = []
+    open_folder = beneath.open_folder
+    monkeypatch.setattr(beneath, "open_folder", lambda fd, path: opened.append(path) or open_folder(fd, path))
+    try:
+        assert len(background.list(META)) == 3
+        assert opened == [records.BACKGROUND]
+        opened.clear()
+        background.read({"id": command_id, "wait": 0.3}, META)  # passes until its wait is over
+        assert opened == [records.BACKGROUND]
+    finally:
+        for fd in locks + [files_fd]:
+            os.close(fd)

@@ -53,3 +53,35 @@ def test_no_command_is_a_usage_error_listing_them():
     done = run()
     assert done.returncode == 2
     assert all(name in done.stdout for name in COMMANDS)
+
+
+SERVE_BACKGROUND = ["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K",
+                    "--background", "1", "--background-timeout", "1h", "--background-output", "16M",
+                    "--background-keep", "1d", "--background-per-day", "9", "--hops", "2"]
+
+
+def way_in_commands(tmp_path, flags: list[str]) -> dict[str, list[str]]:
+    """serve, up and sweep, each given the same way-in flags."""
+    return {"serve": ["serve", *SERVE_BACKGROUND, "--state", str(tmp_path / "serve-state"), *flags, "--", "env"],
+            "up": ["up", "--agent", str(tmp_path / "agent"), *flags],
+            "sweep": ["sweep", str(tmp_path / "sweep-state"), *flags]}
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--way-in", "http://127.0.0.1:9/x", "--as", "agent\n"], "--as 'agent\\n' is not an agent id"),
+    (["--way-in", "http://127.0.0.1:9/x"], "--way-in needs --as <agent id>"),
+    (["--way-in", "http://example.org/x", "--as", "agent"], "--way-in: the way in 'http://example.org/x' is not a local address"),
+])
+def test_serve_up_and_sweep_refuse_the_same_way_in_flags_with_the_same_words(tmp_path, flags, words):
+    for name, argv in way_in_commands(tmp_path, flags).items():
+        done = run(*argv)
+        assert (done.returncode, done.stdout) == (2, ""), (name, done.stdout, done.stderr)
+        assert words in done.stderr, (name, done.stderr)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was created
+
+
+@pytest.mark.parametrize("name", ["up", "sweep"])
+def test_an_agent_id_or_keyring_without_a_way_in_is_refused(tmp_path, name):
+    done = run(*way_in_commands(tmp_path, ["--as", "agent", "--keyring", "/k"])[name])
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert "--as and --keyring need --way-in <address>" in done.stderr

@@ -25,9 +25,8 @@ import orjson
 import pytest
 from conftest import (PASS_THROUGH, parent_of, RawServer, clean_env, require_sandbox, serve_argv, text_of,
                       wait_for)
-from leak_helpers import marker_env
-from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, initialize, kill_tagged, processes_with,
-                        running_as_root, stop_background, up_command)
+from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, kill_tagged, processes_with,
+                        running_as_root, start_up, stop_background)
 
 from linkrun.sandboxing import cgroups, sandbox
 from linkrun import config
@@ -78,29 +77,9 @@ def require_controllers(*controllers: str) -> cgroups.Place:
     return where
 
 
-def start_up(workdir: Path, limits: str, who: str = "root", join: tuple[str, ...] = (),
-             runtime: Path | None = None) -> Up:
-    """`up --no-way-in` for a new agent whose sandbox file has `limits`;
-    `join`: cgroup.procs files it joins first (a subtree handed to it)."""
-    as_tester = who == "user"
-    account = ensure_tester() if as_tester else pwd.getpwuid(os.geteuid())
-    home = account.pw_dir if as_tester else str(workdir / "home")
-    os.makedirs(home, exist_ok=True)
-    sandbox_file = workdir / "sandbox.toml"
-    sandbox_file.write_text(f'[commands]\nallow = ["sh", "python3", "cat", "sleep"]\n[limits]\n{limits}\n')
-    python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester else [sys.executable, "-I"]
-    argv = up_command(python, workdir / "agent", sandbox_file, secrets.token_hex(8))
-    if join:
-        argv = ["/bin/sh", "-c", JOIN, "sh", *join, "--", *argv]
-    env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name, **marker_env()}
-    if as_tester:
-        for path in (workdir, sandbox_file):
-            os.chown(path, account.pw_uid, account.pw_gid)
-        server = RawServer(argv, env=env, user=account.pw_uid, group=account.pw_gid, cwd=home)
-    else:
-        server = RawServer(argv, env=env, cwd=home)
-    initialize(server, who)
-    return Up(who, server, workdir / "agent", "", "")
+def limits_file(limits: str) -> str:
+    """A sandbox file with these [limits]."""
+    return f'[commands]\nallow = ["sh", "python3", "cat", "sleep"]\n[limits]\n{limits}\n'
 
 
 @pytest.fixture
@@ -111,7 +90,7 @@ def limited(tmp_path):
     def start(limits: str) -> Up:
         workdir = tmp_path / f"up{len(started)}"
         workdir.mkdir()
-        up = start_up(workdir, limits)
+        up = start_up("root", workdir, None, limits_file(limits))
         started.append(up)
         return up
 
@@ -369,7 +348,7 @@ def test_an_ordinary_users_serve_limits_its_calls_through_a_subtree_handed_to_it
     workdir = Path(tempfile.mkdtemp(prefix="lnk-test-", dir=tester.pw_dir))
     up = None
     try:
-        up = start_up(workdir, "tasks = 32", who="user", runtime=readable_runtime,
+        up = start_up("user", workdir, readable_runtime, limits_file("tasks = 32"),
                       join=tuple(os.path.join(f, "cgroup.procs") for f in delegated))
         result = up.command("sh", "-c", FLOOD)
         assert result["structuredContent"]["limit"] == "tasks", text_of(result)
@@ -449,7 +428,7 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
     settings = config.parse_serve(["--files", str(files), "--programs-path", SYSTEM_PATH, "--timeout", "2m",
                                    "--output", "16K", "--program", "sh", "--write", "work",
                                    "--limits", "memory=64M,tasks=32,cpu=150%", "--", *PASS_THROUGH])
-    from linkrun.front import tools
+    from linkrun.front import command_answer, tools
 
     instructions = tools.Tools(settings).instructions()
     assert ("Each call may use at most 64M of memory, 32 processes and threads, 1.5 cores' worth of CPU: past "
@@ -457,9 +436,9 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
         in instructions
     nowhere = cgroups.Place(version=0, folders={}, missing={"memory": "no delegation", "pids": "no delegation",
                                                             "cpu": "no delegation"})
-    warnings = tools.limit_warnings(settings.limits, nowhere)
+    warnings = command_answer.limit_warnings(settings.limits, nowhere)
     assert [w.split(" limit")[0] for w in warnings] == ["the per-call memory", "the per-call tasks",
                                                          "the per-call cpu"]
     assert all("(no delegation): run lnk-link-run doctor for the fix" in w for w in warnings)
     everywhere = cgroups.Place(version=1, folders={"memory": "/m", "pids": "/p", "cpu": "/c"}, missing={})
-    assert tools.limit_warnings(settings.limits, everywhere) == []
+    assert command_answer.limit_warnings(settings.limits, everywhere) == []

@@ -15,38 +15,22 @@ fails): `tools/setup` installs the clients when npm is there.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import jsonschema
 import pytest
 from conftest import LEGACY, MODERN, clean_env, pid_alive, serve_argv, wait_for
+from node_helpers import NODE_DIR, need_node
 
 pytestmark = pytest.mark.node
 
-NODE_DIR = Path(__file__).resolve().parent / "node"
 RUNS = [("v1", "legacy"), ("v2", "legacy"), ("v2", "auto"), ("v2", MODERN)]
 STEPS = ["tools", "call", "refusal", "badArguments", "unknownTool", "progress", "cancel", "afterCancel"]
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 # The SDK closes stdin, then waits 2 s before SIGTERM: a server that exits on
 # EOF by itself is gone well before that.
 CLIENT_CLOSE_PATIENCE_MS = 2000
-
-
-def need_node() -> str:
-    node = shutil.which("node")
-    missing = None
-    if node is None:
-        missing = "node is missing (install Node 20 or later)"
-    elif not (NODE_DIR / "node_modules" / "@modelcontextprotocol").is_dir():
-        missing = "the TypeScript MCP clients are not installed: run tools/setup"
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"{missing}; CI is set, so this is a failure")
-        pytest.skip(f"{missing} (set CI=1 to fail instead)")
-    return node
 
 
 def server_processes(files: Path) -> list[int]:
@@ -65,7 +49,8 @@ def server_processes(files: Path) -> list[int]:
 
 
 def drive(files: Path, sdk: str, mode: str) -> dict:
-    node = need_node()
+    node = need_node(NODE_DIR / "node_modules" / "@modelcontextprotocol",
+                     "the TypeScript MCP clients are not installed")
     argv = serve_argv(files, programs=("sh", "echo"))
     run = subprocess.run(
         [node, f"{sdk}.mjs", mode, str(files), "--", *argv],

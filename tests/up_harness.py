@@ -34,6 +34,7 @@ from conftest import LEGACY, SERVER, SYSTEM_PATH, RawServer, stop_what_runs, tex
 from leak_helpers import marker_env
 
 from linkrun.detached import records
+from linkrun.sandboxing.launch import JOIN
 
 TESTER = "lnk-tester"
 TESTER_LOCK = "/tmp/lnk-tester-user.lock"
@@ -225,18 +226,23 @@ def initialize(server: RawServer, who: str) -> None:
         raise AssertionError(f"up did not start as {who}: {server.stderr.decode(errors='replace')}") from None
 
 
-def start_up(who: str, workdir: Path, runtime: Path | None) -> Up:
+def start_up(who: str, workdir: Path, runtime: Path | None, sandbox_text: str = SANDBOX_FILE,
+             join: tuple[str, ...] = ()) -> Up:
     """Start `up` for a new agent in workdir, as root or as the ordinary user
-    (as root: lnk-tester, from the readable venv `runtime`)."""
+    (as root: lnk-tester, from the readable venv `runtime`), with the sandbox
+    file `sandbox_text`; `join`: cgroup.procs files it joins first (a subtree
+    handed to it)."""
     env_secret, key_secret = secrets.token_hex(16), secrets.token_hex(16)
     as_tester = who == "user" and running_as_root()
     account = ensure_tester() if as_tester else pwd.getpwuid(os.geteuid())
     home = account.pw_dir if as_tester else str(workdir / "home")
     os.makedirs(home, exist_ok=True)
     sandbox_file = workdir / "sandbox.toml"
-    sandbox_file.write_text(SANDBOX_FILE)
-    python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester else SERVER[:2]
+    sandbox_file.write_text(sandbox_text)
+    python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester and runtime else SERVER[:2]
     argv = up_command(python, workdir / "agent", sandbox_file, key_secret)
+    if join:
+        argv = ["/bin/sh", "-c", JOIN, "sh", *join, "--", *argv]
     env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name,
            SECRET_VARIABLE: env_secret, **marker_env()}
     if as_tester:

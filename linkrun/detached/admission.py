@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from datetime import datetime
 
 from . import filing, records
 from ..errors import Refused
+from ..units import local_time
 
 START_LOCK_WAIT = 5.0
 DAY = 86400
@@ -44,17 +44,13 @@ def _holder(path: str) -> str:
 
 def check_caps(state: str, running_cap: int, per_day: int) -> None:
     """1. What runs against --background, the day's starts against --background-per-day."""
-    running = 0
-    for command_id in records.ids(state):
-        record = records.load(state, command_id)
-        if record and record.get("state") in records.RUNNING_STATES and records.is_held(state, command_id):
-            running += 1
+    running = len(records.running_ids(state))
     if running >= running_cap:
         raise Refused(f"{running} background commands run already, the most at once",
                       "a place frees up when one ends: wait for one, or stop one (list shows them)")
     starts = starts_since(state, records.now() - DAY)
     if len(starts) >= per_day:
-        frees = datetime.fromtimestamp(min(starts) + DAY).astimezone().isoformat(timespec="seconds")
+        frees = local_time(min(starts) + DAY)
         raise Refused(f"{len(starts)} background commands started in the last 24 hours, the most in a day",
                       f"a place frees up at {frees}")
 

@@ -14,15 +14,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from datetime import datetime, UTC
+from collections.abc import Iterator, Sequence
 
-from . import admission, outfile, records
+from . import admission, filing, outfile, records
 from ..sandboxing import beneath
 from .outfile import ReadChunk
 from .watch import Watcher
 from ..config import Serve
 from ..errors import LinkRunError, Refused
+from ..units import local_time
 
 THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"
@@ -31,7 +31,9 @@ DEFAULT_THREAD = "default"  # the conversation of a plain client that names none
 MAX_WAIT = 30
 STOP_WAIT = 5.0
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
+Entries = list[dict]  # commands as list and stop answer them (the class's own `list` hides the builtin)
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
+
 
 def conversation(meta: dict, way_in: bool) -> tuple[str, int]:
     """The call's conversation and its hops.
@@ -235,27 +237,45 @@ class Background:
                 record = records.load(self.state, command_id) or record
             own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)
-        return [self.entry(r) for r in own]
+        return self.entries(own)
 
-    def entry(self, record: dict) -> dict:
-        running = record["state"] in records.RUNNING_STATES
+    def entries(self, own: Sequence[dict]) -> Entries:
+        """The records as list shows them; background/ opened once, for the running ones' output."""
+        folder = self._folder_for_totals(own)
+        try:
+            return [self.entry(record, folder) for record in own]
+        finally:
+            if folder is not None:
+                os.close(folder)
+
+    def _folder_for_totals(self, own: Sequence[dict]) -> int | None:
+        """background/, open, when a running command's bytes so far are wanted; else None, as when it
+        cannot be opened (the records' own totals are shown then)."""
+        if not any(record["state"] in records.RUNNING_STATES for record in own):
+            return None
+        try:
+            return self.background_folder(create=False)
+        except (LinkRunError, OSError):
+            return None
+
+    def entry(self, record: dict, folder: int | None) -> dict:
+        """`folder`: background/, open, for a running command's bytes so far (None: as its record last said)."""
         ended = record.get("ended") or records.now()
         total = record.get("bytes") or 0
-        if running:
-            total = self.output_total(record) or total
+        if record["state"] in records.RUNNING_STATES and folder is not None:
+            total = self.output_total(folder, record) or total
         return {
             "id": record["id"], "program": record["program"], "args": record["args"],
             "folder": record["folder"] or ".", "state": record["state"], "exit": record.get("exit"),
             "signal": record.get("signal"), "seconds": round(max(0.0, ended - record["started"]), 3),
-            "bytes": total, "started": iso(record["started"]), "told": record["told"],
+            "bytes": total, "started": local_time(record["started"]), "told": record["told"],
             "limit": record.get("limit"),
         }
 
-    def output_total(self, record: dict) -> int | None:
+    def output_total(self, folder: int, record: dict) -> int | None:
         try:
-            with self.output_folder() as folder:
-                return outfile.output_total(folder, self.state, record["id"])
-        except (LinkRunError, OSError, outfile.Removed):
+            return outfile.output_total(folder, self.state, record["id"])
+        except (OSError, outfile.Removed):
             return None
 
     def read(self, arguments: dict, meta: dict, progress=None) -> ReadChunk:
@@ -269,10 +289,10 @@ class Background:
             raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT}")
         deadline = time.monotonic() + wait
         reported: float | None = None
-        with self.watcher.watching(wait > 0):
+        with self.watcher.watching(wait > 0), self.output_folder() as folder:
             while True:
                 seen = self.watcher.changes(record["id"])
-                chunk = self.read_once(record["id"], offset)
+                chunk = self.read_once(folder, record["id"], offset)
                 now = time.monotonic()
                 if chunk.data or chunk.ended or now >= deadline:
                     break
@@ -283,16 +303,15 @@ class Background:
                 self.watcher.wait_change(record["id"], seen, min(1.0, deadline - now))
         return chunk
 
-    def read_once(self, command_id: str, offset: int | None) -> ReadChunk:
+    def read_once(self, folder: int, command_id: str, offset: int | None) -> ReadChunk:
         try:
-            with self.output_folder() as folder:
-                return outfile.read_once(folder, self.state, command_id, offset, self.settings.output)
+            return outfile.read_once(folder, self.state, command_id, offset, self.settings.output)
         except outfile.Removed:
             raise Refused(UNKNOWN.format(id=command_id)) from None
 
     @contextlib.contextmanager
     def output_folder(self) -> Iterator[int]:
-        """`background/`, open, for the reads of output files."""
+        """`background/`, open, for one call's reads of output files."""
         folder = self.background_folder(create=False)
         try:
             yield folder
@@ -315,9 +334,9 @@ class Background:
                         if record["state"] not in records.RUNNING_STATES or time.monotonic() >= deadline:
                             break
                         self.watcher.wait_change(command_id, seen, min(0.5, deadline - time.monotonic()))
-                return self.entry(record)
+                return self.entries([record])[0]
             record = records.load(self.state, command_id)
-        return self.entry(record)
+        return self.entries([record])[0]
 
     def sweep_one(self, command_id: str):
         from . import sweep  # only here: it loads the telling
@@ -328,12 +347,6 @@ class Background:
 def _write_new(path: str, data: bytes):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        filing.write_all(fd, data)
     finally:
         os.close(fd)
-
-
-def iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).astimezone().isoformat(timespec="seconds")

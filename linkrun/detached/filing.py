@@ -1,5 +1,6 @@
-"""The two ways a writer of the state folder touches a file: a whole write
-and a flock. Every writer uses these, so every file has the same durability.
+"""The ways a writer of the state folder touches a file: a whole write and a
+flock. Every writer uses these, so every file has the same durability. And
+the one loop that writes all of a buffer, for every writer of a descriptor.
 
 stdlib only, and no `typing`: the supervisor imports it.
 """
@@ -10,7 +11,7 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def write_whole(path: str, data: bytes, mode: int = 0o600) -> None:
@@ -22,9 +23,7 @@ def write_whole(path: str, data: bytes, mode: int = 0o600) -> None:
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)  # whatever the umask
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fdatasync(fd)
     except BaseException:
         os.close(fd)
@@ -33,6 +32,16 @@ def write_whole(path: str, data: bytes, mode: int = 0o600) -> None:
     os.close(fd)
     os.rename(temporary, path)
     sync_folder(os.path.dirname(path) or ".")
+
+
+def write_all(fd: int, data: bytes, after_each: Callable[[], None] | None = None) -> None:
+    """All of `data`, however many writes it takes (a pipe or a signal may
+    cut one short); `after_each` runs after each write that moved bytes."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+        if after_each is not None:
+            after_each()
 
 
 def sync_folder(folder: str) -> None:

@@ -81,11 +81,9 @@ def measure(record: dict) -> tuple[int, int, int] | None:
     if fd is None:
         return None
     try:
-        info = os.fstat(fd)
+        return _placed(fd, record)
     finally:
         os.close(fd)
-    kept_from = kept_from_of(record, info.st_ino)
-    return None if kept_from is None else (info.st_ino, kept_from, info.st_size)
 
 
 class OutputFile:
@@ -359,12 +357,19 @@ def _match(fd: int | None, record: dict) -> Look | None:
     """The look, or None (the descriptor closed) when the record names other files."""
     if fd is None:  # none yet, or removed by hand (a rotation renames over it, never removes it)
         return Look(None, 0, record, 0)
-    info = os.fstat(fd)
-    kept_from = kept_from_of(record, info.st_ino)
-    if kept_from is None:
+    placed = _placed(fd, record)
+    if placed is None:
         os.close(fd)
         return None
-    return Look(fd, info.st_size, record, kept_from)
+    _, kept_from, size = placed
+    return Look(fd, size, record, kept_from)
+
+
+def _placed(fd: int, record: dict) -> tuple[int, int, int] | None:
+    """(inode, kept_from, size) of the open output file, or None when the record names other files."""
+    info = os.fstat(fd)
+    kept_from = kept_from_of(record, info.st_ino)
+    return None if kept_from is None else (info.st_ino, kept_from, info.st_size)
 
 
 def read_at(look: Look, offset: int | None, limit: int) -> ReadChunk:

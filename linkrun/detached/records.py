@@ -329,6 +329,16 @@ def is_held(state: str, command_id: str) -> bool:
     return False
 
 
+def running_ids(state: str) -> list[str]:
+    """The commands that run: a record that says so, and its supervisor holding its lock."""
+    running = []
+    for command_id in ids(state):
+        record = load(state, command_id)
+        if record and record["state"] in RUNNING_STATES and is_held(state, command_id):
+            running.append(command_id)
+    return running
+
+
 def boot_id() -> str:
     with open("/proc/sys/kernel/random/boot_id") as f:
         return f.read().strip()

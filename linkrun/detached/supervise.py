@@ -1,11 +1,12 @@
 """The supervisor of one background command: its whole life, steps 1 to 9.
 
-`start` (in serve, background.py) runs `python -I -m linkrun supervise <id>
---state <state>` in a new session with the record's lock as stdin. The first
-act here, while single-threaded and before importing anything heavy, is to
-fork: the parent exits at once (serve reaps it), and the child, which is not
-serve's, lives on as the supervisor. It holds the lock until it exits; the
-kernel releases it however it dies, which is how a sweep knows it is gone.
+`start` (in serve, background.py) runs `script_argv` in a new session with
+the record's lock as stdin: a shell that starts `python -I -S boot.py
+<folders> supervise <id> --state <state>` in the background and exits at
+once (serve reaps it), so the supervisor is not serve's child. It holds the
+lock until it exits; the kernel releases it however it dies, which is how a
+sweep knows it is gone. `lnk-link-run supervise` (`main`) is the design's
+own entry: it forks first, to the same end, and runs the same `supervise`.
 
 The step numbers are those of the design, and of background.py and gate.py.
 """
@@ -38,7 +39,8 @@ USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not
 
 
 def main(argv: list[str]) -> int:
-    """`lnk-link-run supervise <id> --state <dir>`: fork, then supervise."""
+    """`lnk-link-run supervise <id> --state <dir>`, the design's entry: fork
+    (the parent is the intermediate its starter reaps), then supervise."""
     if len(argv) != 3 or argv[1] != "--state":
         print(USAGE, file=sys.stderr)
         return 2

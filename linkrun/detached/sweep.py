@@ -19,8 +19,7 @@ from . import filing, records
 from ..messages import telling
 from .records import State, Told
 from .outfile import measure
-from ..messages.address import AGENT_ID
-from ..config import check_way_in, split_flags
+from ..config import split_flags, way_in_flags
 from ..errors import UsageError
 
 STOP_WAIT = 10.0
@@ -41,14 +40,10 @@ def main_sweep(argv: list[str]) -> int:
     state = flags.get("--state") or positional
     if not state:
         raise UsageError("sweep needs the state folder", "lnk-link-run sweep <state> [--way-in A --as ID [--keyring DIR]]")
+    way_in = way_in_flags(flags, os.environ)
     override = None
-    if "--way-in" in flags:
-        check_way_in(str(flags["--way-in"]))
-        agent = str(flags.get("--as") or "")
-        if not AGENT_ID.fullmatch(agent):
-            raise UsageError("--way-in needs --as <agent id>")
-        keyring = flags.get("--keyring") or os.environ.get("LINK_KEYRING") or os.path.expanduser("~/.link/keyring")
-        override = telling.WayIn(str(flags["--way-in"]), agent, os.path.abspath(str(keyring)))
+    if way_in.address is not None:
+        override = telling.WayIn(way_in.address, way_in.agent, way_in.keyring)
     counts = sweep(os.path.abspath(str(state)), override)
     return 1 if counts["failed"] else 0
 
@@ -317,12 +312,9 @@ def stop_all(state: str, reason: str) -> list[str]:
     """Stop files for every running command; wait until each supervisor has
     exited (a command stopped this way ends lost and is not told now, so its
     supervisor exits right after recording the end)."""
-    running = []
-    for command_id in records.ids(state):
-        record = records.load(state, command_id)
-        if record and record["state"] in records.RUNNING_STATES and records.is_held(state, command_id):
-            records.write_stop(state, command_id, reason)
-            running.append(command_id)
+    running = records.running_ids(state)
+    for command_id in running:
+        records.write_stop(state, command_id, reason)
     deadline = time.monotonic() + STOP_WAIT
     for command_id in running:
         while time.monotonic() < deadline:

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import orjson
 
+from ..detached.filing import write_all
+
 # A line longer than this is refused whole (a 10 MB `input` fits easily).
 MAX_LINE = 64 * 1024 * 1024
 READ_AHEAD = 1  # lines read from stdin ahead of the session (each may be 64 MB)
@@ -136,13 +138,13 @@ class Channel:
         with self._arrived:
             self._arrived.notify_all()
 
+    def _moved(self) -> None:
+        self._moved_at = time.monotonic()
+
     def _write_queued(self) -> None:
         while (line := self._next_line()) is not None:
             try:
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(self._out, view):]
-                    self._moved_at = time.monotonic()
+                write_all(self._out, line, self._moved)
             except OSError:  # EPIPE and the like: the client is gone
                 self.close()
             with self._ready:

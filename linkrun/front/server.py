@@ -295,21 +295,11 @@ class Session:
     # -- tools/call ---------------------------------------------------------
 
     def _call(self, request_id, params: dict, version: str, modern: bool, inline: bool):
-        name = params.get("name")
-        if not isinstance(name, str):
-            return error(request_id, INVALID_PARAMS, "tools/call needs a string name")
-        arguments = params.get("arguments", {})
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            return error(request_id, INVALID_PARAMS, "tools/call arguments must be an object")
-        if name not in self.tools.table:
-            offered = ", ".join(self.tools.table) or "none"
-            return error(request_id, INVALID_PARAMS, f"Unknown tool: {name} (tools: {offered})")
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        token = meta.get("progressToken")
-        if isinstance(token, bool) or not isinstance(token, (str, int, float)):
-            token = None
+        try:
+            name, arguments, meta = self._checked_call(params)
+        except _BadParams as bad:
+            return error(request_id, INVALID_PARAMS, str(bad))
+        token = _progress_token(meta)
         call = Call(request_id, token)
         key = _key(request_id)
         with self.calls_lock:
@@ -318,29 +308,14 @@ class Session:
             self.calls[key] = call
 
         def work():
-            answered = False
+            response = None
             try:
-                context = CallContext(meta, call.cancel, self._progress_sender(call, version) if token is not None else None)
-                try:
-                    outcome = self.tools.call(name, arguments, context)
-                except Exception as problem:
-                    print(f"lnk-link-run serve: {name} failed: {problem!r}", file=sys.stderr)
-                    outcome = ToolResult(f"The call failed inside the server: {problem}. Try again; "
-                                         "if it keeps failing, the server's log (stderr) says more.", is_error=True)
-                with call.lock:
-                    if call.done or outcome is None:
-                        return None  # cancelled: no answer
-                    call.done = True
-                answered = True
-                return result(request_id, self._complete(_tool_result(outcome, version), modern))
+                progress = self._progress_sender(call, version) if token is not None else None
+                outcome = self._run_tool(name, arguments, CallContext(meta, call.cancel, progress))
+                response = self._answer_call(call, outcome, version, modern)
+                return response
             finally:
-                with self.calls_lock:
-                    if self.calls.get(key) is call:
-                        del self.calls[key]
-                    if answered:  # before the answer goes out, so its late cancel finds it
-                        self.answered[key] = None
-                        if len(self.answered) > ANSWERED_KEPT:
-                            self.answered.popitem(last=False)
+                self._forget_call(call, key, answered=response is not None)
 
         if inline:
             return work()
@@ -352,6 +327,49 @@ class Session:
 
         self._start_thread(answer)
         return None
+
+    def _checked_call(self, params: dict) -> tuple[str, dict, dict]:
+        """A tools/call's name, arguments (null is none) and _meta; _BadParams says what is wrong."""
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise _BadParams("tools/call needs a string name")
+        arguments = params.get("arguments", {})
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise _BadParams("tools/call arguments must be an object")
+        if name not in self.tools.table:
+            offered = ", ".join(self.tools.table) or "none"
+            raise _BadParams(f"Unknown tool: {name} (tools: {offered})")
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        return name, arguments, meta
+
+    def _run_tool(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
+        """The tool's outcome; a failure inside the server becomes one the agent reads."""
+        try:
+            return self.tools.call(name, arguments, context)
+        except Exception as problem:
+            print(f"lnk-link-run serve: {name} failed: {problem!r}", file=sys.stderr)
+            return ToolResult(f"The call failed inside the server: {problem}. Try again; "
+                              "if it keeps failing, the server's log (stderr) says more.", is_error=True)
+
+    def _answer_call(self, call: Call, outcome: ToolResult | None, version: str, modern: bool):
+        """The call's answer, or None when it was cancelled (it gets none)."""
+        with call.lock:
+            if call.done or outcome is None:
+                return None
+            call.done = True
+        return result(call.id, self._complete(_tool_result(outcome, version), modern))
+
+    def _forget_call(self, call: Call, key: tuple, answered: bool) -> None:
+        """The call is no longer in flight; an answered one is remembered for its late cancel."""
+        with self.calls_lock:
+            if self.calls.get(key) is call:
+                del self.calls[key]
+            if answered:  # before the answer goes out, so its late cancel finds it
+                self.answered[key] = None
+                if len(self.answered) > ANSWERED_KEPT:
+                    self.answered.popitem(last=False)
 
     def _progress_sender(self, call: Call, version: str):
         def send(progress, total=None, message=None):
@@ -379,6 +397,18 @@ class Session:
         thread = threading.Thread(target=run, daemon=True)
         self.threads.add(thread)
         thread.start()
+
+
+class _BadParams(Exception):
+    """A tools/call whose params are wrong: the message says what."""
+
+
+def _progress_token(meta: dict) -> str | int | float | None:
+    """The call's progress token, when it is one (a bool is not)."""
+    token = meta.get("progressToken")
+    if isinstance(token, bool) or not isinstance(token, (str, int, float)):
+        return None
+    return token
 
 
 def _tool_result(outcome: ToolResult, version: str) -> dict:

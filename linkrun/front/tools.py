@@ -1,4 +1,5 @@
-"""The tool table: names, schemas, arguments → requests, outcomes → content.
+"""The tool table: names, schemas, dispatch; arguments → requests
+(arguments.py), outcomes → content (command_answer.py, background_tools.py).
 
 A tool call arrives here as (name, arguments, context); what leaves is a
 ToolResult whose text is for the agent and whose structured value is for
@@ -12,22 +13,28 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..processes import runner
-from ..processes.capture import Capture
-from ..sandboxing.launch import Launch, Sandbox, prepare, program_argv
-from ..processes.child import signal_name
-from ..config import CONTROLLERS, Limits, Serve
+from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
+from .command_answer import command_structured, command_text, limit_warnings, limits_sentence
+from ..config import Serve
 from ..errors import LinkRunError, Refused
+from ..sandboxing.launch import Launch, Sandbox, prepare, program_argv
 from ..processes.programs import Programs
-from ..units import describe_size, format_duration, killed_by_note
+from ..units import describe_size, format_duration
+
+if TYPE_CHECKING:
+    from ..detached.background import Background
+    from ..network.internet import Users
 
 
 @dataclass
 class ToolResult:
     text: str
-    structured: dict | None = None
+    structured: dict[str, object] | None = None
     is_error: bool = False
     header: bool = False  # the text is a header line, then exactly a program's bytes
 
@@ -41,48 +48,17 @@ class ToolResult:
             self.text += "\n" + note
 
 
+# A call's progress to its client: (progress, total, message).
+Progress = Callable[[float, float | None, str | None], None]
+
+
 @dataclass
 class CallContext:
     """What the server knows of a call beyond its arguments."""
 
-    meta: dict
+    meta: dict[str, object]
     cancel: runner.Cancel
-    progress: object = None  # callable(progress, total, message), when the client asked for it
-
-
-# What Linux's execve passes: one argument of at most MAX_ARG_STRLEN bytes, its
-# NUL included, and all of them with the environment within ARG_MAX (each
-# string's bytes, its NUL and its pointer). A launch adds a little after the
-# check (a background command's gate: its interpreter, script and three words;
-# bwrap's --info-fd): LAUNCH_RESERVE keeps room for it.
-ARG_STRLEN_MAX = 128 * 1024 - 1
-LAUNCH_RESERVE = 4096
-PATH_MAX = 4095  # a path's bytes, its NUL excluded
-NAME_MAX = 255  # one name of a path
-QUOTE_MAX = 80  # a refusal quotes a longer value cut to its start
-QUOTE_KEPT = 60
-_PUT_IT_IN_INPUT = "put long text in input, or in a file of the files folder, and let the program read it"
-
-
-def quoted(value: str) -> str:
-    """A value as a refusal quotes it: whole when short, else its start, cut
-    with … and its length (a 10 MB program name made a 10 MB answer)."""
-    if len(value) <= QUOTE_MAX:
-        return repr(value)
-    return f"{value[:QUOTE_KEPT]!r}… ({len(value)} characters)"
-
-
-def _cut_values(text: str, arguments: dict) -> str:
-    """`text` with each long string argument it quotes cut, however it was quoted."""
-    for value in arguments.values():
-        if isinstance(value, str) and len(value) > QUOTE_MAX and value in text:
-            text = text.replace(repr(value), quoted(value)).replace(value, quoted(value))
-    return text
-
-
-def _size(text: str) -> int:
-    """Bytes as execve gets them (a lone surrogate counted as the 3 it would take)."""
-    return len(text.encode("utf-8", "surrogatepass"))
+    progress: Progress | None = None  # when the client asked for it
 
 
 _RUN_PROPERTIES = {
@@ -106,11 +82,11 @@ _RUN_PROPERTIES = {
 }
 
 
-def nullable(kind: str, description: str = "") -> dict:
+def nullable(kind: str, description: str = "") -> dict[str, object]:
     """A value of `kind` or null, spelt with anyOf: clients that read `type`
     as one string mishandle `["integer", "null"]`, and the Inspector's
     --strict warns on it."""
-    schema: dict = {"anyOf": [{"type": kind}, {"type": "null"}]}
+    schema: dict[str, object] = {"anyOf": [{"type": kind}, {"type": "null"}]}
     if description:
         schema["description"] = description
     return schema
@@ -145,18 +121,18 @@ _IGNORED = {
 class Tools:
     """The tools this server offers, built once from its settings."""
 
-    def __init__(self, settings: Serve):
+    def __init__(self, settings: Serve) -> None:
         self.settings = settings
         self.programs = Programs(settings.programs, settings.programs_path, settings.sandbox)
         self.offered = self.programs.offered()
-        self._files_fd = None
+        self._files_fd: int | None = None
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
                                os.path.join(settings.state, "proxy") if settings.proxy and settings.state else None,
                                settings.seccomp, settings.limits)
         self.table: dict[str, dict] = {}
-        self.background = None
-        self.proxy = None
-        if settings.proxy:
+        self.background: Background | None = None
+        self.proxy: Users | None = None
+        if settings.proxy and settings.state:
             from ..network.internet import Users
 
             self.proxy = Users(settings.state)
@@ -175,7 +151,7 @@ class Tools:
             schema = tool["outputSchema"]
             tool["outputSchema"] = {**schema, "properties": {**schema["properties"], "ignored": _IGNORED}}
 
-    def first_answered(self):
+    def first_answered(self) -> None:
         """After the session's first answer: what may wait until then."""
         if self.background is not None:
             self.background.ready.set()
@@ -187,11 +163,13 @@ class Tools:
     def _say_limits_that_do_not_hold(self) -> None:
         from ..sandboxing import cgroups  # not at start: initialize never waits for it
 
+        assert self.settings.limits is not None  # started only with limits
         for line in limit_warnings(self.settings.limits, cgroups.place()):
             print(f"lnk-link-run serve: {line}", file=sys.stderr, flush=True)
 
     def _proxy_ready(self) -> str | None:
         """Start the agent's proxy if none runs; None, or why the call has no internet."""
+        assert self.proxy is not None  # called only with the proxy
         try:
             self.proxy.ensure()
             return None
@@ -233,7 +211,7 @@ class Tools:
             },
         }
 
-    def listing(self, version: str) -> list[dict]:
+    def listing(self, version: str) -> list[dict[str, object]]:
         """The tools as a client at `version` may see them (fields by revision)."""
         tools = []
         for tool in self.table.values():
@@ -270,7 +248,7 @@ class Tools:
                          "the rest is read-only, and chats/ and background/ are never writable.")
         if s.limits is not None:
             lines.append(limits_sentence(s.limits))
-        if "start" in self.table:
+        if "start" in self.table and s.background is not None:
             b = s.background
             if b.way_in is None:
                 told = ("Nothing tells you when it ends here: use list, and read with wait (at most 30 s a "
@@ -292,7 +270,7 @@ class Tools:
 
     # -- calling ---------------------------------------------------------
 
-    def call(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
+    def call(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
         """Run a tool; None when the call was cancelled (no answer is sent).
 
         An argument the tool does not know is ignored and named in the answer
@@ -310,36 +288,39 @@ class Tools:
                 result.structured["ignored"] = ignored
         return result
 
-    def _answer(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
+    def _answer(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
         try:
             if name == "command":
                 return self._command(arguments, context)
             return self._background(name, arguments, context)
         except Refused as refusal:
-            return ToolResult(_cut_values(f"Refused: {refusal}", arguments), is_error=True)
+            return ToolResult(cut_values(f"Refused: {refusal}", arguments), is_error=True)
         except LinkRunError as failure:
-            return ToolResult(_cut_values(f"Failed: {failure}", arguments), is_error=True)
+            return ToolResult(cut_values(f"Failed: {failure}", arguments), is_error=True)
 
-    def _background(self, name: str, arguments: dict, context: CallContext) -> ToolResult:
+    def _background(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult:
         from . import background_tools as answers
 
         background = self.background
+        assert background is not None  # its tools are in the table only then
         if name == "start":
             request = self.check_run(arguments)
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
             with self.launch(request, watch_init=False) as launch:  # a planted link is refused now, not in the gate
-                _check_exec_size(launch)
+                check_exec_size(launch)
             command_id = background.start(request, self.argv_tail(request), arguments, context.meta)
-            return answers.start_answer(command_id, arguments["program"], request.args, self.settings)
+            return answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
         if name == "list":
             return answers.list_answer(background.list(context.meta))
         if name == "read":
-            report = None
-            if context.progress is not None:
-                def report(waited, wait):
-                    context.progress(waited, wait, "waiting for output")
+            progress = context.progress
+            report: Callable[[float, float], None] | None = None
+            if progress is not None:
+                def report(waited: float, wait: float) -> None:
+                    progress(waited, wait, "waiting for output")
             chunk = background.read(arguments, context.meta, report)
-            return answers.read_answer(chunk, arguments.get("offset"), self.settings)
+            asked = arguments.get("offset")  # checked by the read: a whole number or absent
+            return answers.read_answer(chunk, asked if isinstance(asked, int) else None, self.settings)
         return answers.stop_answer(background.stop(arguments, context.meta))
 
     def _files_descriptor(self) -> int:
@@ -347,34 +328,9 @@ class Tools:
             self._files_fd = os.open(self.settings.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return self._files_fd
 
-    def check_run(self, arguments: dict) -> runner.Request:
+    def check_run(self, arguments: dict[str, object]) -> runner.Request:
         """The checks `command` and `start` share: arguments → a resolved Request."""
-        program = arguments.get("program")
-        if not isinstance(program, str):
-            raise Refused("program must be a string", "give a bare name such as python3, or an absolute path")
-        _check_path_size("program", program)
-        args = arguments.get("args", [])
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise Refused("args must be an array of strings", 'such as ["-c", "print(1)"]')
-        if any("\0" in a for a in args):
-            raise Refused("an argument holds a NUL byte", "arguments are passed to the program as C strings")
-        for number, arg in enumerate(args, 1):
-            if len(arg) > ARG_STRLEN_MAX // 4 and _size(arg) > ARG_STRLEN_MAX:
-                raise Refused(f"argument {number} is {_size(arg)} bytes, and Linux passes at most "
-                              f"{ARG_STRLEN_MAX} bytes in one argument (MAX_ARG_STRLEN)", _PUT_IT_IN_INPUT)
-        text = arguments.get("input")
-        if text is not None and not isinstance(text, str):
-            raise Refused("input must be a string", "it is the text the program reads on its input")
-        folder = arguments.get("folder", "")
-        if not isinstance(folder, str):
-            raise Refused("folder must be a string", "give a folder of the files folder, such as work")
-        folder = _check_folder(folder)
-        timeout = arguments.get("timeout", self.settings.timeout)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= self.settings.timeout:
-            raise Refused(f"timeout must be a number of seconds above 0 and at most {self.settings.timeout}",
-                          "leave it out for the longest")
-        path = self.programs.resolve(program)
-        return runner.Request(path, tuple(args), text.encode() if text else None, folder, float(timeout))
+        return check_run(arguments, self.programs, self.settings.timeout)
 
     def argv_tail(self, request: runner.Request) -> list[str]:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
@@ -390,16 +346,17 @@ class Tools:
         link planted on a path it binds is Refused, naming it."""
         return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(), watch_init)
 
-    def _command(self, arguments: dict, context: CallContext) -> ToolResult | None:
+    def _command(self, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
         request = self.check_run(arguments)
         folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
-        report = None
-        if context.progress is not None:
-            def report(total):
-                context.progress(total, None, f"{total} bytes of output so far")
+        progress = context.progress
+        report: Callable[[int], None] | None = None
+        if progress is not None:
+            def report(total: int) -> None:
+                progress(total, None, f"{total} bytes of output so far")
         try:
             with self.launch(request) as launch:
-                _check_exec_size(launch)
+                check_exec_size(launch)
                 no_internet = self._proxy_ready() if self.proxy is not None else None
                 since = time.time()
                 outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report)
@@ -407,137 +364,13 @@ class Tools:
             os.close(folder_fd)
         if outcome.cancelled:
             return None
-        text = self._command_text(request, outcome)
+        text = command_text(outcome, request.timeout, self.settings, "start" in self.table)
         if no_internet:
             text += f"\n[this call had no internet: {no_internet}]"
-        elif self.proxy is not None:
+        elif self.proxy is not None and self.settings.state:
             from ..network.internet import refused, refused_note
 
             hosts = refused(self.settings.state, since, outcome.pid)
             if hosts:
                 text += "\n" + refused_note(hosts, self.settings.state)
-        return ToolResult(text, _command_structured(outcome))
-
-    def _command_text(self, request: runner.Request, outcome: runner.Outcome) -> str:
-        lines = [_ending(outcome, request.timeout, "start" in self.table)]
-        if outcome.limit is not None:
-            lines.append(limit_text(outcome.limit, self.settings.limits))
-        lines += _stream_text("output", outcome.output)
-        lines += _stream_text("errors", outcome.errors)
-        if self.settings.write and _refused_write(outcome):
-            writable = " and ".join(f"{w}/" for w in self.settings.write)
-            lines.append(f"[the sandbox refused a write: only {writable} of the files folder "
-                         f"{'is' if len(self.settings.write) == 1 else 'are'} writable; chats/ and background/ never]")
-        return "\n".join(lines)
-
-
-def _refused_write(outcome: runner.Outcome) -> bool:
-    # EROFS is what a write to a read-only bind fails with; programs print its
-    # strerror. Only the kept bytes are looked at: cheap, and enough for a hint.
-    needle = b"Read-only file system"
-    return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
-
-
-def _check_path_size(what: str, path: str) -> None:
-    """A path Linux could never open is refused here, quoted cut short."""
-    if len(path) > PATH_MAX // 4 and _size(path) > PATH_MAX:
-        raise Refused(f"{what} {quoted(path)} is longer than a path may be ({PATH_MAX} bytes)", f"give a shorter {what}")
-    for name in path.split("/"):
-        if len(name) > NAME_MAX // 4 and _size(name) > NAME_MAX:
-            raise Refused(f"{what} {quoted(path)} holds a name longer than a name may be ({NAME_MAX} bytes)",
-                          f"give a shorter {what}")
-
-
-def _check_exec_size(launch: Launch) -> None:
-    """Refuse what execve would fail with E2BIG (ARG_MAX), before anything runs."""
-    environment = os.environ if launch.env is None else launch.env
-    size = (sum(_size(a) + 9 for a in launch.argv)  # its NUL and its pointer
-            + sum(_size(k) + _size(v) + 10 for k, v in environment.items()))
-    arg_max = os.sysconf("SC_ARG_MAX")
-    if size > arg_max - LAUNCH_RESERVE:
-        raise Refused(f"the program's arguments take {size} bytes with the sandbox's own and its environment, "
-                      f"and Linux passes at most {arg_max} bytes to a program (ARG_MAX), "
-                      f"{LAUNCH_RESERVE} of which are kept for the launch", _PUT_IT_IN_INPUT)
-
-
-def _check_folder(folder: str) -> str:
-    _check_path_size("folder", folder)
-    if folder.startswith("/"):
-        raise Refused(f"folder {folder!r} is absolute", "give a folder relative to the files folder, such as work")
-    if "\0" in folder:
-        raise Refused("folder holds a NUL byte", "give a folder relative to the files folder, such as work")
-    if ".." in folder.split("/"):
-        raise Refused(f"folder {folder!r} goes up with '..'", "give a folder inside the files folder, such as work")
-    return folder
-
-
-def _ending(outcome: runner.Outcome, timeout: float, can_start: bool) -> str:
-    seconds = f"{outcome.seconds:.2f} s"
-    if outcome.timed_out:
-        advice = "use start for long work" if can_start else "split the work into shorter calls"
-        return f"killed by SIGKILL: timed out after {format_duration(timeout)} ({seconds}); {advice}"
-    if outcome.signal is not None:
-        return f"killed by {signal_name(outcome.signal)} · {seconds}"
-    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit)
-
-
-def _stream_text(label: str, capture: Capture) -> list[str]:
-    if capture.total == 0:
-        return [f"{label}: none"]
-    return [f"{label} ({capture.total} bytes):", _shown(capture)]
-
-
-def _shown(capture: Capture) -> str:
-    """A stream's kept start and end as the text shows them, and the structured value too."""
-    head, tail = capture.texts()
-    parts = [head]
-    if capture.left_out:
-        parts += [f"[… {capture.left_out} bytes left out …]", tail]
-    # One final newline is the stream's own ending, not a line of its own.
-    parts[-1] = parts[-1].removesuffix("\n")
-    return "\n".join(parts)
-
-
-def _command_structured(outcome: runner.Outcome) -> dict:
-    return {
-        "exit": outcome.exit,
-        "signal": signal_name(outcome.signal) if outcome.signal is not None else None,
-        "timed_out": outcome.timed_out,
-        "output_bytes": outcome.output.total,
-        "errors_bytes": outcome.errors.total,
-        "seconds": outcome.seconds,
-        "output": _shown(outcome.output),
-        "errors": _shown(outcome.errors),
-        "limit": outcome.limit,
-    }
-
-
-def limits_sentence(limits: Limits) -> str:
-    """The agent's instructions on its per-call limits, as set (the machine may enforce fewer: serve's log
-    and `doctor` say which)."""
-    parts = []
-    if limits.memory:
-        parts.append(f"{describe_size(limits.memory)} of memory")
-    if limits.tasks:
-        parts.append(f"{limits.tasks} processes and threads")
-    if limits.cpu:
-        parts.append(f"{limits.cpu / 100:g} cores' worth of CPU")
-    return ("Each call may use at most " + ", ".join(parts) + ": past its memory it is killed, past its "
-            "processes a fork fails, and the answer says which limit bit.")
-
-
-def limit_warnings(limits: Limits, place) -> list[str]:
-    """One line for each limit that this machine cannot hold, with why and what to do."""
-    names = {controller: name for name, controller in CONTROLLERS.items()}
-    return [f"the per-call {names[controller]} limit does not hold here ({place.missing.get(controller, 'no cgroup')}): "
-            "run lnk-link-run doctor for the fix"
-            for controller in limits.controllers() if controller not in place.holds(limits)]
-
-
-def limit_text(limit: str, limits: Limits | None) -> str:
-    """The limit that bit, in words, for a call's answer and a background command's list."""
-    if limit == "memory":
-        size = f" of {describe_size(limits.memory)}" if limits is not None and limits.memory else ""
-        return f"[it reached its memory limit{size}: the out-of-memory killer killed it]"
-    count = f" of {limits.tasks}" if limits is not None and limits.tasks else ""
-    return f"[it reached its limit{count} tasks: a fork or a new thread was refused]"
+        return ToolResult(text, command_structured(outcome))

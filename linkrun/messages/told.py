@@ -7,7 +7,7 @@ frames it between markers that carry a nonce made after the program ended,
 which nothing in the output can know (see `_nonce`).
 
 The supervisor imports this module only when it tells: stdlib only, and
-json and datetime are imported inside the function that needs them.
+json and datetime are imported inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import re
 
 from ..detached.records import State
-from ..units import elapsed, format_duration, killed_by_note
+from ..units import elapsed, format_duration, killed_by_note, local_time
 
 
 def told_text(record: dict, last_bytes: bytes) -> str:
@@ -30,7 +30,7 @@ def told_text(record: dict, last_bytes: bytes) -> str:
 
     id_ = record["id"]
     command = " ".join(_quoted(word) for word in [record["program"], *record.get("args", [])])
-    first = f"Background command {id_} ({command}, started {_local_time(record['started'])}) {_ending(record)}"
+    first = f"Background command {id_} ({command}, started {local_time(record['started'])}) {_ending(record)}"
     if record["state"] == State.FAILED_TO_START:
         return first + "."
     total = int(record.get("bytes") or 0)
@@ -97,12 +97,6 @@ def _seconds(record: dict) -> float:
     if record.get("ended") is not None and record.get("started") is not None:
         return max(0.0, float(record["ended"]) - float(record["started"]))
     return 0.0
-
-
-def _local_time(unix: float) -> str:
-    from datetime import datetime
-
-    return datetime.fromtimestamp(float(unix)).astimezone().isoformat(timespec="seconds")
 
 
 _PLAIN_WORD = re.compile(r"[\w@%+=:,./-]+", re.ASCII)

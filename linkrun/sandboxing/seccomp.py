@@ -42,8 +42,6 @@ import struct
 
 from ..detached import filing, records
 
-NAME = records.SECCOMP  # in the state folder
-
 # linux/audit.h: the machine type with its 64-bit and little-endian bits.
 AUDIT_ARCH_X86_64 = 0xC000003E
 AUDIT_ARCH_AARCH64 = 0xC00000B7
@@ -193,7 +191,7 @@ def ensure(state: str, machine: str | None = None) -> str | None:
     content = program(machine)
     if content is None:
         return None
-    path = os.path.join(state, NAME)
+    path = os.path.join(state, records.SECCOMP)
     try:
         with open(path, "rb") as f:
             if f.read() == content:

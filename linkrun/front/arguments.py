@@ -1,0 +1,112 @@
+"""A call's arguments checked before anything runs: `command`'s and `start`'s
+into a resolved Request, and what execve could never take refused, naming
+the limit. A refusal quotes a long value cut short.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ..errors import Refused
+from ..sandboxing.launch import Launch
+from ..processes.programs import Programs
+from ..processes.runner import Request
+
+# What Linux's execve passes: one argument of at most MAX_ARG_STRLEN bytes, its
+# NUL included, and all of them with the environment within ARG_MAX (each
+# string's bytes, its NUL and its pointer). A launch adds a little after the
+# check (a background command's gate: its interpreter, script and three words;
+# bwrap's --info-fd): LAUNCH_RESERVE keeps room for it.
+ARG_STRLEN_MAX = 128 * 1024 - 1
+LAUNCH_RESERVE = 4096
+PATH_MAX = 4095  # a path's bytes, its NUL excluded
+NAME_MAX = 255  # one name of a path
+QUOTE_MAX = 80  # a refusal quotes a longer value cut to its start
+QUOTE_KEPT = 60
+_PUT_IT_IN_INPUT = "put long text in input, or in a file of the files folder, and let the program read it"
+
+
+def quoted(value: str) -> str:
+    """A value as a refusal quotes it: whole when short, else its start, cut
+    with … and its length (a 10 MB program name made a 10 MB answer)."""
+    if len(value) <= QUOTE_MAX:
+        return repr(value)
+    return f"{value[:QUOTE_KEPT]!r}… ({len(value)} characters)"
+
+
+def cut_values(text: str, arguments: Mapping[str, object]) -> str:
+    """`text` with each long string argument it quotes cut, however it was quoted."""
+    for value in arguments.values():
+        if isinstance(value, str) and len(value) > QUOTE_MAX and value in text:
+            text = text.replace(repr(value), quoted(value)).replace(value, quoted(value))
+    return text
+
+
+def _size(text: str) -> int:
+    """Bytes as execve gets them (a lone surrogate counted as the 3 it would take)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_run(arguments: Mapping[str, object], programs: Programs, longest: int) -> Request:
+    """The checks `command` and `start` share: arguments → a resolved Request;
+    `longest`: serve's --timeout, the default and the most."""
+    program = arguments.get("program")
+    if not isinstance(program, str):
+        raise Refused("program must be a string", "give a bare name such as python3, or an absolute path")
+    _check_path_size("program", program)
+    args = arguments.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise Refused("args must be an array of strings", 'such as ["-c", "print(1)"]')
+    if any("\0" in a for a in args):
+        raise Refused("an argument holds a NUL byte", "arguments are passed to the program as C strings")
+    for number, arg in enumerate(args, 1):
+        if len(arg) > ARG_STRLEN_MAX // 4 and _size(arg) > ARG_STRLEN_MAX:
+            raise Refused(f"argument {number} is {_size(arg)} bytes, and Linux passes at most "
+                          f"{ARG_STRLEN_MAX} bytes in one argument (MAX_ARG_STRLEN)", _PUT_IT_IN_INPUT)
+    text = arguments.get("input")
+    if text is not None and not isinstance(text, str):
+        raise Refused("input must be a string", "it is the text the program reads on its input")
+    folder = arguments.get("folder", "")
+    if not isinstance(folder, str):
+        raise Refused("folder must be a string", "give a folder of the files folder, such as work")
+    folder = _check_folder(folder)
+    timeout = arguments.get("timeout", longest)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= longest:
+        raise Refused(f"timeout must be a number of seconds above 0 and at most {longest}",
+                      "leave it out for the longest")
+    path = programs.resolve(program)
+    return Request(path, tuple(args), text.encode() if text else None, folder, float(timeout))
+
+
+def _check_path_size(what: str, path: str) -> None:
+    """A path Linux could never open is refused here, quoted cut short."""
+    if len(path) > PATH_MAX // 4 and _size(path) > PATH_MAX:
+        raise Refused(f"{what} {quoted(path)} is longer than a path may be ({PATH_MAX} bytes)", f"give a shorter {what}")
+    for name in path.split("/"):
+        if len(name) > NAME_MAX // 4 and _size(name) > NAME_MAX:
+            raise Refused(f"{what} {quoted(path)} holds a name longer than a name may be ({NAME_MAX} bytes)",
+                          f"give a shorter {what}")
+
+
+def check_exec_size(launch: Launch) -> None:
+    """Refuse what execve would fail with E2BIG (ARG_MAX), before anything runs."""
+    environment = os.environ if launch.env is None else launch.env
+    size = (sum(_size(a) + 9 for a in launch.argv)  # its NUL and its pointer
+            + sum(_size(k) + _size(v) + 10 for k, v in environment.items()))
+    arg_max = os.sysconf("SC_ARG_MAX")
+    if size > arg_max - LAUNCH_RESERVE:
+        raise Refused(f"the program's arguments take {size} bytes with the sandbox's own and its environment, "
+                      f"and Linux passes at most {arg_max} bytes to a program (ARG_MAX), "
+                      f"{LAUNCH_RESERVE} of which are kept for the launch", _PUT_IT_IN_INPUT)
+
+
+def _check_folder(folder: str) -> str:
+    _check_path_size("folder", folder)
+    if folder.startswith("/"):
+        raise Refused(f"folder {folder!r} is absolute", "give a folder relative to the files folder, such as work")
+    if "\0" in folder:
+        raise Refused("folder holds a NUL byte", "give a folder relative to the files folder, such as work")
+    if ".." in folder.split("/"):
+        raise Refused(f"folder {folder!r} goes up with '..'", "give a folder inside the files folder, such as work")
+    return folder

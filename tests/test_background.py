@@ -86,6 +86,20 @@ def test_a_program_that_ignores_term_is_killed_two_seconds_after(bg, state):
     assert result["structuredContent"]["signal"] == "SIGKILL"
 
 
+def test_a_record_removed_while_stop_waits_is_answered_as_unknown(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"])
+    wait_for(lambda: b"ready" in read_all(bg, command_id), what="the program to be ready")
+    answer: list[dict] = []
+    stopping = threading.Thread(target=lambda: answer.append(bg.call("stop", {"id": command_id}, meta=META)))
+    stopping.start()
+    # The program ignores the TERM: stop waits its two seconds of grace, and the record goes meanwhile.
+    wait_for(lambda: os.path.exists(records.path(state, command_id, records.STOP)), what="the stop file")
+    os.unlink(records.path(state, command_id, records.RECORD))
+    stopping.join()
+    assert answer[0].get("isError") is True
+    assert text_of(answer[0]).startswith(f"Refused: no command of this conversation's has id '{command_id}'")
+
+
 def test_a_stop_sent_right_after_start_is_not_lost(bg, state):
     command_id = start(bg, program="sleep", args=["100"])
     result = bg.call("stop", {"id": command_id}, meta=META)

@@ -14,14 +14,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from . import admission, filing, outfile, records
+from .. import config
 from ..sandboxing import beneath
 from .outfile import ReadChunk
 from .watch import Watcher
 from ..config import Serve
 from ..errors import LinkRunError, Refused
+from ..processes.runner import Request
 from ..units import local_time
 
 THREAD_KEY = "link.local/thread"
@@ -60,16 +62,23 @@ def _client_thread(meta: dict) -> str | None:
     return thread if isinstance(thread, str) and thread else None
 
 
+def background_settings(settings: Serve) -> config.Background:
+    """The background commands' settings, which a serve offering them has."""
+    if settings.background is None:
+        raise LinkRunError("this serve offers no background commands", "give it --state to offer them")
+    return settings.background
+
+
 class Background:
     """The background tools of one serve: its settings and its one watcher."""
 
-    def __init__(self, settings: Serve, files_fd_getter):
+    def __init__(self, settings: Serve, files_fd_getter: Callable[[], int]) -> None:
         self.settings = settings
-        self.b = settings.background
+        self.b = background_settings(settings)
         self.state = self.b.state
         self.files_fd = files_fd_getter
         self.watcher = Watcher((self.state, os.path.join(settings.files, records.BACKGROUND)))
-        self.supervisor_argv = None  # found at the first start
+        self.supervisor_argv: list[str] | None = None  # found at the first start
         self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
 
     def conversation(self, meta: dict) -> tuple[str, int]:
@@ -77,7 +86,7 @@ class Background:
 
     # -- start ----------------------------------------------------------------
 
-    def start(self, request, argv_tail: list[str], arguments: dict, meta: dict) -> str:
+    def start(self, request: Request, argv_tail: list[str], arguments: dict, meta: dict) -> str:
         """The new command's id."""
         thread, hops = self.conversation(meta)
         if hops >= self.b.hops:
@@ -147,7 +156,8 @@ class Background:
                           "background commands need background/ to be a folder of the files folder; "
                           "remove what is there") from None
 
-    def new_record(self, command_id, request, argv_tail, arguments, thread, hops) -> dict:
+    def new_record(self, command_id: str, request: Request, argv_tail: list[str], arguments: dict, thread: str,
+                   hops: int) -> dict:
         s, b = self.settings, self.b
         return records.new_record(
             command_id, argv=list(s.sandbox), write=list(s.write),
@@ -180,10 +190,10 @@ class Background:
 
     # -- sweeps ---------------------------------------------------------------------
 
-    def start_sweeping(self):
+    def start_sweeping(self) -> None:
         """A detached sweep now, then every minute while a record it saw is
         untold, else every ten minutes. Never waited for by a call."""
-        def loop():
+        def loop() -> None:
             # The first sweep waits for the session's first answer (or two
             # seconds): a start with many records must not slow `initialize`.
             self.ready.wait(2.0)
@@ -195,12 +205,14 @@ class Background:
 
         threading.Thread(target=loop, daemon=True, name="sweeps").start()
 
-    def run_sweep(self):
+    def run_sweep(self) -> None:
         if not os.path.isdir(self.state):
             return  # nothing started yet: nothing to mend
         argv = [sys.executable, "-I", "-m", "linkrun", "sweep", "--state", self.state]
-        if self.b.way_in:
-            argv += ["--way-in", self.b.way_in, "--as", self.b.agent, "--keyring", self.b.keyring]
+        b = self.b
+        if b.way_in:
+            assert b.agent is not None and b.keyring is not None  # config gives both with every way in
+            argv += ["--way-in", b.way_in, "--as", b.agent, "--keyring", b.keyring]
         try:
             sweeper = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        start_new_session=True, close_fds=True, cwd="/")
@@ -211,7 +223,7 @@ class Background:
 
     # -- list, read, stop -------------------------------------------------------
 
-    def own_record(self, command_id, meta: dict) -> dict:
+    def own_record(self, command_id: object, meta: dict) -> dict:
         thread, _ = self.conversation(meta)
         if not isinstance(command_id, str) or not records.ID.fullmatch(command_id):
             raise Refused(UNKNOWN.format(id=command_id))  # never touches the disk
@@ -278,7 +290,8 @@ class Background:
         except (OSError, outfile.Removed):
             return None
 
-    def read(self, arguments: dict, meta: dict, progress=None) -> ReadChunk:
+    def read(self, arguments: dict, meta: dict,
+             progress: Callable[[float, float], None] | None = None) -> ReadChunk:
         command_id = arguments.get("id")
         record = self.own_record(command_id, meta)
         offset = arguments.get("offset")
@@ -319,8 +332,8 @@ class Background:
             os.close(folder)
 
     def stop(self, arguments: dict, meta: dict) -> dict:
-        command_id = arguments.get("id")
-        record = self.own_record(command_id, meta)
+        record = self.own_record(arguments.get("id"), meta)
+        command_id: str = record["id"]  # the id asked for: load checks it
         if record["state"] in records.RUNNING_STATES:
             if not records.is_held(self.state, command_id):
                 self.sweep_one(command_id)
@@ -330,21 +343,28 @@ class Background:
                 with self.watcher.watching(True):
                     while True:
                         seen = self.watcher.changes(command_id)
-                        record = records.load(self.state, command_id)
+                        record = self.reload(command_id)
                         if record["state"] not in records.RUNNING_STATES or time.monotonic() >= deadline:
                             break
                         self.watcher.wait_change(command_id, seen, min(0.5, deadline - time.monotonic()))
                 return self.entries([record])[0]
-            record = records.load(self.state, command_id)
+            record = self.reload(command_id)
         return self.entries([record])[0]
 
-    def sweep_one(self, command_id: str):
+    def reload(self, command_id: str) -> dict:
+        """The record again: one gone meanwhile (removed, or set aside as bad) is no command any more."""
+        record = records.load(self.state, command_id)
+        if record is None:
+            raise Refused(UNKNOWN.format(id=command_id))
+        return record
+
+    def sweep_one(self, command_id: str) -> None:
         from . import sweep  # only here: it loads the telling
 
         sweep.sweep_record(self.state, command_id)
 
 
-def _write_new(path: str, data: bytes):
+def _write_new(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         filing.write_all(fd, data)

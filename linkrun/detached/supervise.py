@@ -37,6 +37,10 @@ TERM_GRACE = 2.0  # from the SIGTERM of a stop to the SIGKILL
 FULL_RETRY_FIRST, FULL_RETRY_MOST = 0.05, 2.0  # seconds between tries to write a record on a full disk
 USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not by hand)"
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # watchdog is loaded only by the watch thread (step 2)
+    from watchdog.observers.api import BaseObserver
+
 
 def main(argv: list[str]) -> int:
     """`lnk-link-run supervise <id> --state <dir>`, the design's entry: fork
@@ -98,7 +102,7 @@ class Supervisor:
         # The wake pipe: signals (through set_wakeup_fd) and the stop file's watch write to it.
         self.wake_r = self.wake_w = -1
         self.signalled: int | None = None
-        self.observer = None  # the stop file's watchdog observer, once set
+        self.observer: BaseObserver | None = None  # the stop file's watchdog observer, once set
         self.poll_every: float | None = WATCH_PENDING  # how often to look for the stop file, if at all
         self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
         self.output: OutputFile | None = None
@@ -127,7 +131,7 @@ class Supervisor:
         # The signals of the agent's service stopping are recorded and acted on by the loop (8).
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
-        def on_signal(number, frame):
+        def on_signal(number: int, frame: object) -> None:
             self.signalled = number
 
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -169,6 +173,7 @@ class Supervisor:
             if self.launch is not None:
                 self.launch.close()  # and its cgroup, which nothing joined
             return self.finish(State.FAILED_TO_START, None, None)
+        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
 
         # 4. The record names the group before anything runs.
         record.update(
@@ -190,7 +195,7 @@ class Supervisor:
         self.began = boottime()
         # The sandbox is ended through its init, and a sweep finds it in the record if we die.
         self.leader.sandbox_init = self.launch.init_pidfd()
-        if self.leader.sandbox_init is not None:
+        if self.launch.init_pid is not None:  # found with its pidfd
             record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
             try:
                 records.write(self.state, self.id, record)
@@ -211,7 +216,7 @@ class Supervisor:
 
     # -- step 2 ---------------------------------------------------------------
 
-    def watch_stop(self):
+    def watch_stop(self) -> None:
         try:
             from .watch import watch_paths  # here, on the watch thread: it loads watchdog
 
@@ -235,7 +240,7 @@ class Supervisor:
 
     # -- step 3 ---------------------------------------------------------------
 
-    def spawn_gate(self):
+    def spawn_gate(self) -> None:
         """Step 3. The sandbox's launch is prepared here, as serve prepares a
         call's, and its descriptors handed to the gate: the gate itself only
         arms its death signal, waits for `G` and execs."""
@@ -286,6 +291,8 @@ class Supervisor:
     # -- steps 5 to 8: one loop -----------------------------------------------
 
     def loop(self) -> int:
+        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
+        assert self.output is not None  # step 2 made it
         watch = Watch(self.leader, self.began + self.record["timeout"], log=self.log,
                       stages=(Stage("SIGTERM to the program's session", self.terminate, TERM_GRACE),))
         watch.drain(self.out_r, self.output.pump)
@@ -303,6 +310,7 @@ class Supervisor:
 
     def end_cgroup(self) -> None:
         """Which limit bit, for the record; then the group goes, with whatever is left in it."""
+        assert self.leader is not None  # step 3 made it
         group = self.leader.cgroup
         if group is not None:
             self.record["limit"] = group.limit_hit()
@@ -326,6 +334,7 @@ class Supervisor:
 
     def terminate(self) -> None:
         """SIGTERM to the program's own session inside the sandbox, else to the gate's group."""
+        assert self.gate is not None  # step 3 made it
         program = self.program_in_sandbox()
         kill_group(program if program is not None else self.gate.pid, signal.SIGTERM)
 
@@ -340,6 +349,7 @@ class Supervisor:
         """
         if "--new-session" not in self.record["argv"]:
             return None
+        assert self.gate is not None  # step 3 made it
         pid = self.gate.pid
         try:
             with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -417,7 +427,7 @@ class Supervisor:
             self.observer.stop()
         return 0
 
-    def tell(self):
+    def tell(self) -> None:
         """Step 9: tell the conversation through the way in (§4)."""
         from ..messages import telling
 
@@ -432,7 +442,7 @@ class Supervisor:
             return 0.25  # never started: the command did not run
         return None if self.poll_every == WATCH_PENDING else self.poll_every
 
-    def log(self, text: str):
+    def log(self, text: str) -> None:
         try:
             print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)
         except OSError:

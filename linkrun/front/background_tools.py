@@ -7,7 +7,7 @@ here they become what a client sees: the structured value and the text.
 from __future__ import annotations
 
 from ..detached import records
-from ..detached.background import MAX_WAIT
+from ..detached.background import MAX_WAIT, background_settings
 from ..config import Serve
 from ..units import format_duration
 from ..detached.outfile import ReadChunk
@@ -37,7 +37,7 @@ _ENTRY = {
 
 
 def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
-    b = settings.background
+    b = background_settings(settings)
     no_way_in = b.way_in is None
     told = ("use list, and read with wait, to learn how it ended" if no_way_in
             else "a message from run:<id> tells this conversation how it ended")
@@ -96,7 +96,7 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
 def start_answer(command_id: str, program: str, args: tuple[str, ...], settings: Serve) -> ToolResult:
     output = f"background/{command_id}.out"
     how = (f"a message from run:{command_id} will tell this conversation how it ended"
-           if settings.background.way_in else "use read with wait, or list, to learn how it ends")
+           if background_settings(settings).way_in else "use read with wait, or list, to learn how it ends")
     text = (f"Started {command_id}: {program} {' '.join(args)}".rstrip()
             + f"\nIts output goes to {output}; " + how + ".")
     return ToolResult(text, {"id": command_id, "output": output})
@@ -148,11 +148,12 @@ def read_answer(chunk: ReadChunk, asked: int | None, settings: Serve) -> ToolRes
 
 
 def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, settings: Serve) -> list[str]:
+    b = background_settings(settings)
     notes = []
     if asked is not None and asked < chunk.kept_from:
         full = f"; the disk was full: {dropped} of them were lost to it" if dropped else ""
         notes.append(f"bytes {asked}–{chunk.kept_from} dropped (only the last "
-                     f"{settings.background.output} bytes are kept{full})")
+                     f"{b.output} bytes are kept{full})")
     elif dropped and chunk.offset == chunk.kept_from:  # the losses lie before the kept bytes
         notes.append(f"the disk was full for a while: {dropped} bytes of its output were lost to it")
     if chunk.next == chunk.total and chunk.ended:
@@ -163,7 +164,7 @@ def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, settings: Ser
     if record.get("proxy") and record.get("leader_pid"):
         from ..network.internet import refused, refused_note
 
-        hosts = refused(settings.background.state, record["started"], record["leader_pid"])
+        hosts = refused(b.state, record["started"], record["leader_pid"])
         if hosts:
-            notes.append(refused_note(hosts, settings.background.state))
+            notes.append(refused_note(hosts, b.state))
     return notes

@@ -9,12 +9,15 @@ hands each `tools/call` to a thread of its own.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeGuard
 
 import orjson
 
@@ -43,8 +46,17 @@ ANSWERED_KEPT = 1024
 FLUSH_IDLE = 1.0
 KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
 
+RequestId = str | int  # as handle accepts them
+Key = tuple[str, RequestId]
+# progress(progress, total, message): what a call's context holds when its client asked for progress.
+ProgressSender = Callable[[float, float | None, str | None], None]
 
-def _key(request_id):
+
+def _is_id(value: object) -> TypeGuard[RequestId]:
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+def _key(request_id: RequestId) -> Key:
     # 1 and "1" are different requests.
     return (type(request_id).__name__, request_id)
 
@@ -52,7 +64,7 @@ def _key(request_id):
 class Call:
     """A request in flight: its cancel switch and whether it may still speak."""
 
-    def __init__(self, request_id, progress_token):
+    def __init__(self, request_id: RequestId, progress_token: str | int | float | None) -> None:
         self.id = request_id
         self.cancel = runner.Cancel()
         self.progress_token = progress_token
@@ -62,25 +74,25 @@ class Call:
 
 
 class Session:
-    def __init__(self, tools: Tools, channel: Channel):
+    def __init__(self, tools: Tools, channel: Channel) -> None:
         self.tools = tools
         self.channel = channel
         self.legacy_version: str | None = None  # set by initialize
-        self.calls: dict[tuple, Call] = {}
-        self.answered: OrderedDict[tuple, None] = OrderedDict()  # each may draw one late cancel
+        self.calls: dict[Key, Call] = {}
+        self.answered: OrderedDict[Key, None] = OrderedDict()  # each may draw one late cancel
         self.calls_lock = threading.Lock()
         self.threads: set[threading.Thread] = set()
         self.instructions = tools.instructions()
-        self.on_first_answer = None  # called once the first message was handled
+        self.on_first_answer: Callable[[], None] | None = None  # called once the first message was handled
 
     # -- the read loop ----------------------------------------------------
 
     def run(self) -> int:
         # The handler only records and wakes the read: an exception raised from
         # it could land anywhere on this thread (inside a `try` that swallows it).
-        stopped = []
+        stopped: list[int] = []
 
-        def stop(signum, frame):
+        def stop(signum: int, frame: object) -> None:
             stopped.append(signum)
             self.channel.interrupt()
 
@@ -102,7 +114,7 @@ class Session:
         self.shutdown(0.0 if stopped else EOF_GRACE)
         return 0
 
-    def shutdown(self, grace: float):
+    def shutdown(self, grace: float) -> None:
         """Stop reading; let calls in flight answer within `grace`, then kill them,
         then give the answers queued the time the client takes to read them."""
         deadline = time.monotonic() + grace
@@ -118,7 +130,7 @@ class Session:
         self.channel.flush(FLUSH_IDLE)
         self.channel.close()
 
-    def handle_line(self, line: bytes):
+    def handle_line(self, line: bytes) -> None:
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError as problem:
@@ -131,19 +143,19 @@ class Session:
         if response is not None:
             self.channel.send(response)
 
-    def _batch(self, messages: list):
+    def _batch(self, messages: list) -> None:
         if self.legacy_version != "2025-03-26" or not messages:
             self.channel.send(error(None, INVALID_REQUEST, "a batch is not accepted at this protocol version; send one message a line"))
             return
 
-        def answer_all():
+        def answer_all() -> None:
             # Each call on a thread of its own, as when sent alone; the rest here, in turn.
-            responses: list = [None] * len(messages)
+            responses: list[dict | None] = [None] * len(messages)
 
             def answer(index: int) -> None:
                 responses[index] = self.handle(messages[index], inline=True)
 
-            calls = []
+            calls: list[threading.Thread] = []
             for index, message in enumerate(messages):
                 if isinstance(message, dict) and message.get("method") == "tools/call":
                     calls.append(threading.Thread(target=answer, args=(index,), daemon=True))
@@ -160,28 +172,28 @@ class Session:
 
     # -- one message ------------------------------------------------------
 
-    def handle(self, message, inline: bool = False) -> dict | None:
+    def handle(self, message: object, inline: bool = False) -> dict | None:
         """The response to one message, or None (a notification, or answered by a thread)."""
         if not isinstance(message, dict):
             return error(None, INVALID_REQUEST, "a message must be a JSON object")
         has_id = "id" in message
-        request_id = message.get("id")
-        id_ok = isinstance(request_id, (str, int)) and not isinstance(request_id, bool)
+        given_id = message.get("id")
+        request_id = given_id if _is_id(given_id) else None  # None: no answer can name it
         if message.get("jsonrpc") != "2.0":
-            return error(request_id if id_ok else None, INVALID_REQUEST, 'the message lacks "jsonrpc": "2.0"')
+            return error(request_id, INVALID_REQUEST, 'the message lacks "jsonrpc": "2.0"')
         method = message.get("method")
         if method is None:
             if "result" in message or "error" in message:
                 return None  # a response from the client: we send no requests, so nothing waits for it
-            return error(request_id if id_ok else None, INVALID_REQUEST, "the message has no method")
+            return error(request_id, INVALID_REQUEST, "the message has no method")
         if not isinstance(method, str):
-            return error(request_id if id_ok else None, INVALID_REQUEST, "the method must be a string")
+            return error(request_id, INVALID_REQUEST, "the method must be a string")
         params = message.get("params", {})
         if not has_id:
             if isinstance(params, dict):
                 self._notification(method, params)
             return None
-        if not id_ok:
+        if request_id is None:
             return error(None, INVALID_REQUEST, "the id must be a string or an integer")
         if not isinstance(params, dict):
             return error(request_id, INVALID_PARAMS, "params must be an object")
@@ -191,7 +203,7 @@ class Session:
             print(f"lnk-link-run serve: internal error on {method}: {problem!r}", file=sys.stderr)
             return error(request_id, INTERNAL_ERROR, f"internal error: {problem}")
 
-    def _notification(self, method: str, params: dict):
+    def _notification(self, method: str, params: dict) -> None:
         if method == "notifications/cancelled":
             request_id = params.get("requestId")
             if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
@@ -202,7 +214,7 @@ class Session:
                     call.cancel.cancel()
         # Every other notification (initialized, roots changed, unknown ones) needs nothing.
 
-    def _cancelled(self, key: tuple) -> Call | None:
+    def _cancelled(self, key: Key) -> Call | None:
         """The call a cancel is for, taken out of those in flight; None for a
         late cancel. A cancel naming an id already answered is that answer's
         late one, even when a later call reuses the id: it touches nothing."""
@@ -212,7 +224,7 @@ class Session:
                 return None
             return self.calls.pop(key, None)
 
-    def _request(self, request_id, method: str, params: dict, inline: bool) -> dict | None:
+    def _request(self, request_id: RequestId, method: str, params: dict, inline: bool) -> dict | None:
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else {}
         if method not in KNOWN_METHODS:
@@ -233,10 +245,11 @@ class Session:
             return error(request_id, INVALID_PARAMS,
                          f"{method} needs initialize first, or the 2026-07-28 _meta envelope "
                          f"({VERSION_KEY} and {CAPABILITIES_KEY})")
-        version = meta[VERSION_KEY] if modern else self.legacy_version
+        else:
+            version = self.legacy_version
 
         if method == "ping":
-            value: dict | None = {}
+            value: dict = {}
         elif method == "server/discover":
             value = {
                 "supportedVersions": list(MODERN_VERSIONS + LEGACY_VERSIONS[::-1]),
@@ -252,7 +265,8 @@ class Session:
             if modern:
                 value.update(ttlMs=0, cacheScope="private")
         elif method == "subscriptions/listen":
-            return self._listen(request_id, params)
+            self._listen(request_id)
+            return None
         else:  # tools/call
             return self._call(request_id, params, version, modern, inline)
         return result(request_id, self._complete(value, modern))
@@ -279,7 +293,7 @@ class Session:
             "instructions": self.instructions,
         }
 
-    def _listen(self, request_id, params: dict):
+    def _listen(self, request_id: RequestId) -> None:
         # The tool list never changes: acknowledge with no notifications and
         # hold the request open until it is cancelled or stdin closes.
         call = Call(request_id, None)
@@ -290,11 +304,10 @@ class Session:
             "method": "notifications/subscriptions/acknowledged",
             "params": {"notifications": {}, "_meta": {"io.modelcontextprotocol/subscriptionId": request_id}},
         })
-        return None
 
     # -- tools/call ---------------------------------------------------------
 
-    def _call(self, request_id, params: dict, version: str, modern: bool, inline: bool):
+    def _call(self, request_id: RequestId, params: dict, version: str, modern: bool, inline: bool) -> dict | None:
         try:
             name, arguments, meta = self._checked_call(params)
         except _BadParams as bad:
@@ -307,7 +320,7 @@ class Session:
                 return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
             self.calls[key] = call
 
-        def work():
+        def work() -> dict | None:
             response = None
             try:
                 progress = self._progress_sender(call, version) if token is not None else None
@@ -320,7 +333,7 @@ class Session:
         if inline:
             return work()
 
-        def answer():
+        def answer() -> None:
             response = work()
             if response is not None:
                 self.channel.send(response)
@@ -341,8 +354,8 @@ class Session:
         if name not in self.tools.table:
             offered = ", ".join(self.tools.table) or "none"
             raise _BadParams(f"Unknown tool: {name} (tools: {offered})")
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        return name, arguments, meta
+        meta = params.get("_meta")
+        return name, arguments, meta if isinstance(meta, dict) else {}
 
     def _run_tool(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
         """The tool's outcome; a failure inside the server becomes one the agent reads."""
@@ -353,7 +366,7 @@ class Session:
             return ToolResult(f"The call failed inside the server: {problem}. Try again; "
                               "if it keeps failing, the server's log (stderr) says more.", is_error=True)
 
-    def _answer_call(self, call: Call, outcome: ToolResult | None, version: str, modern: bool):
+    def _answer_call(self, call: Call, outcome: ToolResult | None, version: str, modern: bool) -> dict | None:
         """The call's answer, or None when it was cancelled (it gets none)."""
         with call.lock:
             if call.done or outcome is None:
@@ -371,8 +384,8 @@ class Session:
                 if len(self.answered) > ANSWERED_KEPT:
                     self.answered.popitem(last=False)
 
-    def _progress_sender(self, call: Call, version: str):
-        def send(progress, total=None, message=None):
+    def _progress_sender(self, call: Call, version: str) -> ProgressSender:
+        def send(progress: float, total: float | None = None, message: str | None = None) -> None:
             params = {"progressToken": call.progress_token, "progress": progress}
             if total is not None:
                 params["total"] = total
@@ -387,8 +400,8 @@ class Session:
                                   replaces=("progress", *_key(call.id)))
         return send
 
-    def _start_thread(self, target):
-        def run():
+    def _start_thread(self, target: Callable[[], object]) -> None:
+        def run() -> None:
             try:
                 target()
             finally:
@@ -437,10 +450,12 @@ def main(argv: list[str]) -> int:
     if settings.proxy:
         from ..network.internet import read_settings
 
+        assert settings.state is not None  # config: --proxy needs --state
         read_settings(settings.state)  # refused now, in one line, rather than at each call
     # Clients pass almost no environment (no LANG): our streams are bytes, and
     # texts we print on stderr must not depend on the locale.
-    sys.stderr.reconfigure(encoding="utf-8", errors="replace")
+    if isinstance(sys.stderr, io.TextIOWrapper):
+        sys.stderr.reconfigure(encoding="utf-8", errors="replace")
     tools = Tools(settings)
     session = Session(tools, Channel())
     if tools.background is not None:

@@ -10,13 +10,13 @@ still holds the output pipes.
 
 from __future__ import annotations
 
-import io
 import os
 import select
 import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 from ..sandboxing import beneath
 from .capture import Capture, CaptureReader
@@ -62,17 +62,17 @@ class Cancel:
     """Set by the server when the client cancels; the runner registers its kill."""
 
     cancelled: bool = False
-    _hook: object = None
+    _hook: Callable[[], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def cancel(self):
+    def cancel(self) -> None:
         with self._lock:
             self.cancelled = True
             hook = self._hook
         if hook:
             hook()
 
-    def on_cancel(self, hook):
+    def on_cancel(self, hook: Callable[[], None]) -> None:
         with self._lock:
             self._hook = hook
             cancelled = self.cancelled
@@ -82,11 +82,11 @@ class Cancel:
 
 # Groups whose leader exited and that are killed a second later, so that
 # shutdown can kill them at once instead.
-_leftovers: dict[int, tuple[threading.Timer, subprocess.Popen]] = {}
+_leftovers: dict[int, tuple[threading.Timer, subprocess.Popen[bytes]]] = {}
 _leftovers_lock = threading.Lock()
 
 
-def kill_leftovers_now():
+def kill_leftovers_now() -> None:
     with _leftovers_lock:
         pending = list(_leftovers.items())
         _leftovers.clear()
@@ -178,7 +178,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
             _remove_soon(group)
 
 
-def _watch(request: Request, leader: Leader, process: subprocess.Popen, started: float, cancel: Cancel,
+def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
            output_limit: int, progress: Callable[[int], None] | None) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
@@ -186,9 +186,10 @@ def _watch(request: Request, leader: Leader, process: subprocess.Popen, started:
     buffer = memoryview(bytearray(CHUNK))
     readers = (CaptureReader(output, buffer), CaptureReader(errors, buffer))
     try:
+        assert process.stdout is not None and process.stderr is not None  # run made both pipes
         watch.drain(process.stdout.fileno(), readers[0])
         watch.drain(process.stderr.fileno(), readers[1])
-        if request.input:
+        if request.input and process.stdin is not None:  # a pipe exactly when there is input
             _Input(watch, process.stdin, request.input)
         watch.run(_Progress(progress, output, errors) if progress is not None else None)
     except BaseException:
@@ -211,8 +212,8 @@ def _watch(request: Request, leader: Leader, process: subprocess.Popen, started:
                    cancel.cancelled, process.pid)
 
 
-def _kill_later(pgid: int, process: subprocess.Popen) -> None:
-    def kill():
+def _kill_later(pgid: int, process: subprocess.Popen[bytes]) -> None:
+    def kill() -> None:
         with _leftovers_lock:
             if _leftovers.pop(pgid, None) is None:
                 return
@@ -229,7 +230,7 @@ def _kill_later(pgid: int, process: subprocess.Popen) -> None:
 class _Input:
     """Feeds the call's input to the program as its pipe takes it, then closes the pipe."""
 
-    def __init__(self, watch: Watch, pipe: io.BufferedWriter, data: bytes) -> None:
+    def __init__(self, watch: Watch, pipe: IO[bytes], data: bytes) -> None:
         self.watch, self.pipe, self.pending = watch, pipe, memoryview(data)
         self.fd = pipe.fileno()
         os.set_blocking(self.fd, False)

@@ -357,7 +357,7 @@ def make(limits: Limits, name: str | None = None, where: Place | None = None) ->
 # `end_orphans`, like any group of a process that is gone.
 _spares: dict[Limits, Group] = {}
 _spares_lock = threading.Lock()
-_spares_closed = False
+_spares_closed = threading.Event()  # set at shutdown: no group is made ahead any more
 
 
 def take(limits: Limits) -> Group | None:
@@ -371,7 +371,7 @@ def make_spare(limits: Limits) -> None:
     """Make the next call's group now, off the answer's path. A group that
     cannot be made is left to the next call, which says why."""
     with _spares_lock:
-        if _spares_closed or limits in _spares:
+        if _spares_closed.is_set() or limits in _spares:
             return
     try:
         group = make(limits)
@@ -380,7 +380,7 @@ def make_spare(limits: Limits) -> None:
     if group is None:
         return
     with _spares_lock:
-        if not _spares_closed and limits not in _spares:
+        if not _spares_closed.is_set() and limits not in _spares:
             _spares[limits] = group
             return
     group.remove(wait=1.0)
@@ -388,9 +388,8 @@ def make_spare(limits: Limits) -> None:
 
 def remove_spares() -> None:
     """At shutdown: no group is made ahead any more, and those made are removed."""
-    global _spares_closed
     with _spares_lock:
-        _spares_closed = True
+        _spares_closed.set()
         spares = list(_spares.values())
         _spares.clear()
     for group in spares:

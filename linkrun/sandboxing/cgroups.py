@@ -264,12 +264,14 @@ class Group:
                 return
             except OSError:
                 pass  # before Linux 5.14: one by one
+        signalled: set[int] = set()
         for _ in range(64):  # a member forking meanwhile is caught on the next round
-            pids = self.members()
-            if not pids:
+            fresh = [pid for pid in self.members() if pid not in signalled]
+            if not fresh:  # the rest are dying: a killed process forks no more
                 return
-            for pid in pids:
+            for pid in fresh:
                 _kill_member(pid, self.folders)
+            signalled.update(fresh)
 
     def remove(self, wait: float = 5.0) -> bool:
         """Kill what is left, then remove each folder once its members are gone

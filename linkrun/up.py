@@ -138,12 +138,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], docto
     write = sandbox.write_folders(settings)
     filter_path = seccomp.for_agent(folder.state)
     pending = doctor.start_probe(fixed, folder, write, filter_path)
-    if settings.hosts:
-        if sandbox.find_system("socat") is None:
-            raise LinkRunError(f"{settings.source}: [internet] names hosts, and the sandbox reaches them through "
-                               "a relay, socat, which this machine lacks",
-                               "install socat (Debian, Ubuntu: apt-get install socat), or name no hosts")
-    elif route:
+    if route and not settings.hosts:
         print("lnk-link-run up: --route changes nothing: the sandbox file's [internet] names no hosts",
               file=sys.stderr)
     if settings.hosts or os.path.exists(os.path.join(folder.state, internet.SETTINGS)):

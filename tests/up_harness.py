@@ -225,16 +225,16 @@ def initialize(server: RawServer, who: str) -> None:
         raise AssertionError(f"up did not start as {who}: {server.stderr.decode(errors='replace')}") from None
 
 
-def start_up(who: str, workdir: Path, runtime: Path | None) -> Up:
+def start_up(who: str, workdir: Path, runtime: Path | None, sandbox_text: str = SANDBOX_FILE) -> Up:
     """Start `up` for a new agent in workdir, as root or as the ordinary user
-    (as root: lnk-tester, from the readable venv `runtime`)."""
+    (as root: lnk-tester, from the readable venv `runtime`), with the sandbox file `sandbox_text`."""
     env_secret, key_secret = secrets.token_hex(16), secrets.token_hex(16)
     as_tester = who == "user" and running_as_root()
     account = ensure_tester() if as_tester else pwd.getpwuid(os.geteuid())
     home = account.pw_dir if as_tester else str(workdir / "home")
     os.makedirs(home, exist_ok=True)
     sandbox_file = workdir / "sandbox.toml"
-    sandbox_file.write_text(SANDBOX_FILE)
+    sandbox_file.write_text(sandbox_text)
     python = [str(runtime / "venv" / "bin" / "python"), "-I"] if as_tester else SERVER[:2]
     argv = up_command(python, workdir / "agent", sandbox_file, key_secret)
     env = {"HOME": home, "PATH": SYSTEM_PATH, "USER": account.pw_name, "LOGNAME": account.pw_name,
@@ -251,7 +251,7 @@ def start_up(who: str, workdir: Path, runtime: Path | None) -> Up:
     return Up(who, server, workdir / "agent", env_secret, key_secret)
 
 
-def run_up(who: str, tmp_path: Path, runtime: Path | None) -> Iterator[Up]:
+def run_up(who: str, tmp_path: Path, runtime: Path | None, sandbox_text: str = SANDBOX_FILE) -> Iterator[Up]:
     """An `up` as root or as the ordinary user; at the end, nothing of it is left."""
     in_testers_home = who == "user" and running_as_root()
     if in_testers_home:  # not under /tmp, and where the tester may write
@@ -260,7 +260,7 @@ def run_up(who: str, tmp_path: Path, runtime: Path | None) -> Iterator[Up]:
         workdir = tmp_path / "up"
         workdir.mkdir()
     try:
-        up = start_up(who, workdir, runtime)
+        up = start_up(who, workdir, runtime, sandbox_text)
         try:
             yield up
         finally:

@@ -574,6 +574,7 @@ def _listen_inside(libc: ctypes.CDLL, pidfd: int) -> socket.socket:
     `pidfd` holds. Its user namespace first: only a member with
     CAP_SYS_ADMIN there may enter its network (as root, one already is,
     and entering that user namespace is still allowed)."""
+    host_network = os.stat("/proc/self/ns/net").st_ino
     error = 0
     for namespaces in (CLONE_NEWUSER | CLONE_NEWNET, CLONE_NEWNET):  # the second: a sandbox in our own user namespace
         error = 0 if libc.setns(pidfd, namespaces) == 0 else ctypes.get_errno()
@@ -581,6 +582,8 @@ def _listen_inside(libc: ctypes.CDLL, pidfd: int) -> socket.socket:
             break
     if error:
         raise OSError(error, f"cannot enter its namespaces: {os.strerror(error)}")
+    if os.stat("/proc/self/ns/net").st_ino == host_network:  # never a listener on the host's own loopback
+        raise OSError(errno.EINVAL, "the process handed over has no network of its own")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     listener.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
     listener.bind(("127.0.0.1", internet.PORT))

@@ -185,11 +185,8 @@ class Proxy:
                      init: int | None = None) -> None:
         """One connection: on a sandbox's listener (`init`, its init's pid),
         or on the host's socket (its peer's pid namespace is its sandbox)."""
-        if init is not None:
-            sandbox, caller = f"the sandbox of pid {init}", init
-        else:
-            caller = _peer_pid(writer)
-            sandbox = _sandbox_of(caller)
+        caller = init if init is not None else _peer_pid(writer)
+        sandbox = f"the sandbox of pid {init}" if init is not None else _sandbox_of(caller)
         if self.held[sandbox] >= self.cap:
             return await self.over_cap(writer, sandbox)
         self.held[sandbox] += 1

@@ -612,11 +612,11 @@ def proxy_group(files: str):
         f"direct: {median_ms(lat_direct):.2f} ms (+{median_ms(lat_proxy) - median_ms(lat_direct):.2f} ms)")
     os.close(users)
     process.wait(timeout=10)
-    relay_cost(files, port)
+    internet_cost(files, port)
     listener.close()
 
 
-def relay_cost(files: str, port: int):
+def internet_cost(files: str, port: int):
     """What a call pays for the internet: `sh -c 'exit 0'` through up's
     sandbox with an [internet] host named (the proxy handed the sandbox,
     and listening inside, before the program runs) against the same call without one, the two servers' calls interleaved

@@ -150,13 +150,8 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
 
 def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, route: str | None,
                       way_in: WayInFlags) -> None:
-    """The relay the hosts need, and the proxy's settings file."""
-    if settings.hosts:
-        if sandbox.find_system("socat") is None:
-            raise LinkRunError(f"{settings.source}: [internet] names hosts, and the sandbox reaches them through "
-                               "a relay, socat, which this machine lacks",
-                               "install socat (Debian, Ubuntu: apt-get install socat), or name no hosts")
-    elif route:
+    """The proxy's settings file (a --route without hosts is said to change nothing)."""
+    if route and not settings.hosts:
         print("lnk-link-run up: --route changes nothing: the sandbox file's [internet] names no hosts",
               file=sys.stderr)
     if settings.hosts or os.path.exists(os.path.join(folder.state, records.PROXY_SETTINGS)):

@@ -19,11 +19,10 @@ def open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-def call_part(files: Path, write: Sequence[str] = ("work",), proxy: str | None = None,
-              folder: str = "") -> tuple[list[str], list[int]]:
+def call_part(files: Path, write: Sequence[str] = ("work",), folder: str = "") -> tuple[list[str], list[int]]:
     fd = open_files(files)
     try:
-        return percall.call_part(fd, str(files), list(write), proxy, folder)
+        return percall.call_part(fd, str(files), list(write), folder)
     finally:
         os.close(fd)
 

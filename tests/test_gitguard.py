@@ -71,7 +71,7 @@ def test_a_thousand_git_folders_do_not_exhaust_1024_descriptors(files):
         (files / "work" / "r" / str(i) / ".git").mkdir(parents=True)
     program = ("import os, sys\nsys.path[:0] = [sys.argv[2], sys.argv[3]]\nfrom linkrun.sandboxing import percall\n"
                "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
-               "try:\n    percall.call_part(fd, sys.argv[1], ['work'], None, '')\n"
+               "try:\n    percall.call_part(fd, sys.argv[1], ['work'], '')\n"
                "except Exception as error:\n    print(type(error).__name__, error)\n")
     done = subprocess.run(["prlimit", "--nofile=1024:1024", "--", sys.executable, "-I", "-c", program, str(files),
                            str(REPO), str(Path(__file__).parent)], capture_output=True, text=True, timeout=60)

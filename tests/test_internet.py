@@ -1,12 +1,13 @@
 """The internet of a sandbox (DESIGN.md §6), end to end: `up` with a sandbox
-file naming hosts, real bubblewrap, the relay, the agent's proxy, and real
-curl and Python inside. No traffic leaves this machine: the "internet" is a
+file naming hosts, real bubblewrap, the agent's proxy listening inside each
+call's network, and real curl and Python inside. No traffic leaves this machine: the "internet" is a
 test site on 127.0.0.2, the host's own service one on 127.0.0.1."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import socket
 import socketserver
 import subprocess
@@ -15,15 +16,16 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVER, require_sandbox, serve_argv, text_of, wait_for
-from sandbox_helpers import Agent, outer_sandbox
+from sandbox_helpers import Agent
 from site_helpers import serve_site
+from up_harness import run_up, running_as_root
 
 from linkrun import doctor, up
-from linkrun.network import internet
+from linkrun.network import internet, proxy
 from linkrun.sandboxing import sandbox
 from linkrun.errors import UsageError
 
-RELAY = "http://127.0.0.1:3128"
+RELAY = "http://127.0.0.1:3128"  # the proxy, on each sandbox's own loopback
 
 
 @pytest.fixture
@@ -113,16 +115,122 @@ def test_a_direct_connection_and_the_hosts_loopback_are_out_of_reach(tmp_path, s
     assert server.close() == 0
 
 
-def test_the_proxy_folder_is_read_only_inside_and_shows_only_the_socket(tmp_path, site, up_server):
+def test_nothing_of_the_proxys_folder_is_inside_and_the_variables_name_its_port(tmp_path, site, up_server):
     box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
     server = up_server(box)
-    text = sh(server, "ls -A /run/lnk/proxy; touch /run/lnk/proxy/forged && echo wrote; "
-              "rm /run/lnk/proxy/proxy.sock && echo removed; ls /run/lnk; env | grep -i _proxy= | sort")
-    assert text.split("output")[1].split("\n")[1] == "proxy.sock", text
-    assert "wrote" not in text and "removed" not in text and "Read-only file system" in text, text
+    text = sh(server, "ls -A /run/lnk; grep -c /proxy /proc/self/mountinfo; env | grep -i _proxy= | sort")
+    assert "ls: cannot access '/run/lnk': No such file or directory" in text and "\n0\n" in text, text
     assert f"HTTPS_PROXY={RELAY}" in text and "NO_PROXY=localhost,127.0.0.1,::1" in text, text
-    assert sorted(os.listdir(box.root / "State" / "proxy")) == ["proxy.sock"]
+    folder = box.root / "State" / "proxy"
+    assert sorted(os.listdir(folder)) == ["hand.sock", "proxy.sock"]
+    assert folder.stat().st_mode & 0o777 == 0o700  # the agent's own serve and supervisors alone
     assert server.close() == 0
+
+
+# The processes of the program's sandbox, as /proc inside shows them: pid, name, parent.
+PROCESSES = ("import os\nfor pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):\n"
+             "    name, _, rest = open(f'/proc/{pid}/stat').read().partition(') ')\n"
+             "    print(pid, name.partition('(')[2], rest.split()[1])")
+
+
+def test_no_relay_runs_inside_the_program_is_the_sandboxs_only_process_but_its_init(tmp_path, site, up_server):
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box)
+    text = text_of(server.call("command", {"program": "python3", "args": ["-c", PROCESSES]}))
+    assert text.split("\n")[2:5] == ["1 bwrap 0", "2 python3 1", "errors: none"], text
+    assert "200\nexit 0" in sh(server, status(f"http://127.0.0.2:{site}/alone")), "the internet, all the same"
+    assert server.close() == 0
+
+
+def proxy_descriptors(state: Path) -> set[str]:
+    pid = internet._answers(internet.socket_path(str(state)))
+    assert pid is not None, "no proxy answers"
+    return set(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_the_proxy_lets_go_of_a_calls_listener_when_its_sandbox_ends(tmp_path, site, up_server):
+    # A listener kept would keep the call's whole network alive, one per call.
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box)
+    assert "200\nexit 0" in sh(server, status(f"http://127.0.0.2:{site}/first"))
+    state = box.root / "State"
+    before = proxy_descriptors(state)
+    for index in range(5):
+        assert "200\nexit 0" in sh(server, status(f"http://127.0.0.2:{site}/{index}"))
+    wait_for(lambda: proxy_descriptors(state) <= before, timeout=15,
+             what="the proxy to close the listeners of the calls that ended")
+    assert server.close() == 0
+
+
+# Opens the proxy's cap of connections and three more, each sending half a
+# request, reads what the three got, and holds all until work/hold opens.
+HOLD_THE_CAP = r"""
+import socket, sys
+cap = int(sys.argv[1])
+held = [socket.create_connection(("127.0.0.1", 3128)) for _ in range(cap + 3)]
+for sock in held:
+    sock.sendall(b"CONNECT 127.0.0.2")
+over = [sock.recv(4096).split(b"\r\n")[0].decode() for sock in held[cap:]]
+with open("work/result", "w") as f:
+    f.write(repr(over))
+open("work/hold").read()
+for sock in held[:cap]:
+    sock.setblocking(False)
+    try:
+        print("closed by the proxy" if sock.recv(1) == b"" else "answered")
+    except BlockingIOError:
+        pass  # still held open, as it should be
+print("done")
+"""
+
+
+def test_one_calls_sandbox_at_its_cap_leaves_the_others_their_internet(tmp_path, site, up_server):
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    box.env["LNK_PROXY_HEAD_TIMEOUT"] = "600"  # the held connections stay open, however slow the machine
+    server = up_server(box, "--no-way-in")
+    assert "200\nexit 0" in sh(server, status(f"http://127.0.0.2:{site}/first"))
+    pid = internet._answers(internet.socket_path(str(box.root / "State")))
+    limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+    cap = proxy.sandbox_cap(int(next(line for line in limits if line.startswith("Max open files")).split()[3]))
+    os.mkfifo(box.files / "work" / "hold")
+    meta = {"link.local/thread": "conversation"}
+    started = server.call("start", {"program": "python3", "args": ["-c", HOLD_THE_CAP, str(cap)]}, meta=meta)
+    assert not started.get("isError"), started
+    command_id = started["structuredContent"]["id"]
+    try:
+        result = box.files / "work" / "result"
+        wait_for(lambda: result.exists() and result.read_text(), timeout=40, what="the background command's cap")
+        assert result.read_text() == repr(["HTTP/1.1 503 Service Unavailable"] * 3)
+        # Meanwhile, another call (another sandbox) reaches the site.
+        assert "200\nexit 0" in sh(server, status(f"http://127.0.0.2:{site}/other"))
+        with open(box.files / "work" / "hold", "w") as f:
+            f.write("go\n")
+        read = server.call("read", {"id": command_id, "wait": 30}, meta=meta)
+        assert text_of(read).endswith("done\n") and "closed" not in text_of(read), text_of(read)
+        assert "refusing new connections of the sandbox of pid" in (box.root / "State" / "proxy.log").read_text()
+    finally:
+        subprocess.run(SERVER + ["stop", "--state", str(box.root / "State")], capture_output=True, timeout=30)
+    assert server.close() == 0
+
+
+@pytest.fixture(params=["root", "user"])
+def up_with_site(request, tmp_path, site):
+    """`up` with the test site among its hosts, as root and as an ordinary user."""
+    require_sandbox()
+    who = request.param
+    if who == "root" and not running_as_root():
+        pytest.skip("the root variant needs the tests to run as root")
+    runtime = request.getfixturevalue("readable_runtime") if who == "user" and running_as_root() else None
+    text = f'[commands]\nallow = ["sh", "curl"]\n[internet]\nhosts = ["127.0.0.2:{site}"]\n'
+    yield from run_up(who, tmp_path, runtime, text)
+
+
+def test_a_call_reaches_a_named_host_as_root_and_as_an_ordinary_user(up_with_site, site):
+    result = up_with_site.command("sh", "-c", status(f"http://127.0.0.2:{site}/as-{up_with_site.who}"))
+    assert "200\nexit 0" in text_of(result), text_of(result)
+    started = up_with_site.start("sh", "-c", status(f"http://127.0.0.2:{site}/background"))
+    up_with_site.wait_ended(started)
+    assert "200\nexit 0" in up_with_site.read_all(started)
 
 
 def test_pip_and_git_go_through_the_proxy_over_http_and_https(tmp_path, site_server, up_server):
@@ -305,7 +413,7 @@ def test_up_hands_serve_the_proxy_only_when_hosts_are_named(tmp_path):
     plain = Agent(tmp_path / "plain")
     argv = up.plan(["--agent", str(plain.root)], plain.env)
     assert "--proxy" not in argv and "--state" not in argv[:argv.index("--")]
-    assert not any("PROXY" in arg or arg == internet.INSIDE for arg in argv)  # nothing paid without hosts
+    assert not any("PROXY" in arg for arg in argv)  # nothing paid without hosts
 
     box = agent_with_hosts(tmp_path / "named", "example.org")
     argv = up.plan(["--agent", str(box.root), "--sandbox", str(box.file), "--route", "http://10.0.0.1:3128"], box.env)
@@ -328,21 +436,18 @@ def test_up_and_serve_refuse_a_bad_route_or_a_proxy_without_its_settings(tmp_pat
         assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_without_socat_up_refuses_in_one_line_and_doctor_fails_naming_the_fix(tmp_path):
+def test_a_calls_argv_runs_the_program_alone_and_up_starts_without_socat(tmp_path):
     box = agent_with_hosts(tmp_path, "example.org")
-    # The machine as it is, but where socat is not an executable.
-    hidden = outer_sandbox("--ro-bind", "/dev/null", sandbox.find_system("socat"))
-    done = subprocess.run(hidden + SERVER + ["up", "--agent", str(box.root), "--sandbox", str(box.file)],
-                          env=box.env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    assert done.returncode == 1 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
-    assert "socat, which this machine lacks" in done.stderr and "install socat" in done.stderr
-    done = subprocess.run(hidden + SERVER + ["doctor", "--agent", str(box.root)],
-                          env=box.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert done.returncode != 0 and "socat, is missing" in done.stdout + done.stderr, done.stdout + done.stderr
+    done = subprocess.run(SERVER + ["sandbox", "--agent", str(box.root), "--file", str(box.file), "--print", "--",
+                                    "/bin/true"], env=box.env, capture_output=True, text=True, timeout=30)
+    argv = shlex.split(done.stdout)
+    assert argv[-2:] == ["--", "/bin/true"], done.stdout + done.stderr
+    assert not any("socat" in arg or "/run/lnk" in arg for arg in argv)
+    assert "--proxy" in up.plan(["--agent", str(box.root), "--sandbox", str(box.file)], box.env)
 
 
 def test_doctor_says_the_internet_goes_through_the_proxy(tmp_path):
     box = agent_with_hosts(tmp_path, "example.org", "*.example.net")
     lines = [(level, what) for level, what, _ in doctor.checks(str(box.root), str(box.file), box.env)]
     assert ("ok", "the internet, through the agent's proxy: example.org, *.example.net") in lines
-    assert sandbox.find_system("socat")
+    assert not any("socat" in what for _, what in lines)

@@ -22,6 +22,7 @@ from conftest import SERVER, clean_env, require_sandbox, wait_for
 
 from linkrun.network import internet, proxy
 from linkrun.detached import records
+from linkrun.sandboxing import launch
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def ask(state: str, request: bytes, timeout=10.0) -> bytes:
 
 def connect_waiting(state: str, timeout: float) -> socket.socket:
     """A connection to the proxy that waits up to `timeout` for room in its
-    backlog, as a relay's blocking connect does (a non-blocking one fails at once)."""
+    backlog, as a program's blocking connect does (a non-blocking one fails at once)."""
     sock = socket.socket(socket.AF_UNIX)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(timeout), 0))
     sock.connect(os.path.join(state, "proxy", "proxy.sock"))
@@ -212,7 +213,7 @@ def test_a_slow_client_does_not_stall_others(site, run_proxy):
 
 
 # A background command's many idle connections to the proxy, from a pid
-# namespace of its own as a sandbox's relay is: it opens them all, says how
+# namespace of its own, as a sandbox's program is: it opens them all, says how
 # many are connected, reads the proxy's answers until all but `admitted`
 # have answered, and holds them open until it is killed.
 HOG = r"""
@@ -365,3 +366,69 @@ def test_a_killed_proxy_is_started_again_at_the_next_ensure(tmp_path, site):
         assert tunnel_get(state, "127.0.0.2", site).endswith(b"hello from /x")
     finally:
         user.close()
+
+
+def hold_in_sandbox(proxy_dir: str, program: list[str]) -> tuple[subprocess.Popen, str | None]:
+    """`program` in a bare bwrap with a network of its own, started once the
+    proxy at `proxy_dir` was handed its init: the process, and why it has no internet (or None)."""
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    block_r, block_w = os.pipe2(os.O_CLOEXEC)
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent",
+            "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *program]
+    process = subprocess.Popen(argv, pass_fds=(info_w, block_r), stdout=subprocess.PIPE, text=True)
+    os.close(info_w)
+    os.close(block_r)
+    try:
+        pidfd, pid = launch._init_pidfd(info_r)
+        assert pidfd is not None and pid is not None
+        why = internet.hand_over(proxy_dir, pidfd, pid)
+        os.close(pidfd)
+        return process, why
+    finally:
+        os.close(block_w)
+        os.close(info_r)
+
+
+FETCH = ("import socket, sys\ns = socket.create_connection(('127.0.0.1', 3128))\n"
+         "s.sendall(f'GET http://127.0.0.2:{sys.argv[1]}/inside HTTP/1.0\\r\\n\\r\\n'.encode())\n"
+         "print(s.makefile('rb').read().decode().split('\\r\\n')[0])")
+
+
+def sockets_and_pidfds(pid: int) -> set[str]:
+    """What the process holds of sockets and pidfds (a call's listener, its sandbox's init)."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:") or target == "anon_inode:[pidfd]":
+            held.add(target)
+    return held
+
+
+def test_a_sandbox_handed_over_reaches_the_proxy_on_its_own_loopback_until_it_ends(site, run_proxy):
+    require_sandbox()
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert ask(state, b"NONSENSE\r\n\r\n").startswith(b"HTTP/1.1 400")  # its loop runs: what it holds for good
+    before = sockets_and_pidfds(pid)
+    process, why = hold_in_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+    assert why is None
+    assert process.communicate(timeout=30)[0] == "HTTP/1.0 200 OK\n"
+    wait_for(lambda: sockets_and_pidfds(pid) == before, what="the proxy to close the sandbox's listener")
+
+
+def test_a_process_without_a_network_of_its_own_is_refused_and_the_caller_told_why(tmp_path, run_proxy):
+    state = run_proxy("example.org")
+    with subprocess.Popen(["sleep", "60"]) as plain:
+        pidfd = os.pidfd_open(plain.pid)
+        try:
+            why = internet.hand_over(os.path.join(state, "proxy"), pidfd, plain.pid)
+        finally:
+            os.close(pidfd)
+            plain.kill()
+    assert why == "the agent's proxy cannot listen in the sandbox: [Errno 22] the process handed over has no " \
+        "network of its own", why
+    gone = internet.hand_over(str(tmp_path / "nowhere"), 0, 1)
+    assert gone is not None and gone.startswith("the agent's proxy cannot be reached"), gone

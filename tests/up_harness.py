@@ -257,7 +257,7 @@ def start_up(who: str, workdir: Path, runtime: Path | None, sandbox_text: str = 
     return Up(who, server, workdir / "agent", env_secret, key_secret)
 
 
-def run_up(who: str, tmp_path: Path, runtime: Path | None) -> Iterator[Up]:
+def run_up(who: str, tmp_path: Path, runtime: Path | None, sandbox_text: str = SANDBOX_FILE) -> Iterator[Up]:
     """An `up` as root or as the ordinary user; at the end, nothing of it is left."""
     in_testers_home = who == "user" and running_as_root()
     if in_testers_home:  # not under /tmp, and where the tester may write
@@ -266,7 +266,7 @@ def run_up(who: str, tmp_path: Path, runtime: Path | None) -> Iterator[Up]:
         workdir = tmp_path / "up"
         workdir.mkdir()
     try:
-        up = start_up(who, workdir, runtime)
+        up = start_up(who, workdir, runtime, sandbox_text)
         try:
             yield up
         finally:

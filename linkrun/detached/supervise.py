@@ -157,7 +157,7 @@ class Supervisor:
         if record["proxy"]:
             # Among the proxy's users until we exit, so the command's internet
             # outlives the serve that started it. Without it the program still
-            # runs: the relay tells it it has no internet.
+            # runs, without the internet (the log says why).
             from ..network.internet import Users
 
             try:
@@ -195,6 +195,8 @@ class Supervisor:
         self.began = boottime()
         # The sandbox is ended through its init, and a sweep finds it in the record if we die.
         self.leader.sandbox_init = self.launch.init_pidfd()
+        if self.launch.no_internet:
+            self.log(f"no internet for this command: {self.launch.no_internet}")
         if self.launch.init_pid is not None:  # found with its pidfd
             record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
             try:

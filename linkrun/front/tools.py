@@ -334,12 +334,7 @@ class Tools:
 
     def argv_tail(self, request: runner.Request) -> list[str]:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
-        relay: list[str] = []
-        if self.settings.proxy:
-            from ..network.internet import RELAY
-
-            relay = list(RELAY)
-        return program_argv(request.program, request.args, self.settings.variables, relay)
+        return program_argv(request.program, request.args, self.settings.variables)
 
     def launch(self, request: runner.Request, watch_init: bool = True) -> Launch:
         """The call's whole sandbox argv and its descriptors (see launch.py); a
@@ -360,6 +355,7 @@ class Tools:
                 no_internet = self._proxy_ready() if self.proxy is not None else None
                 since = time.time()
                 outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report)
+                no_internet = no_internet or launch.no_internet
         finally:
             os.close(folder_fd)
         if outcome.cancelled:

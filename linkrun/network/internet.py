@@ -1,6 +1,8 @@
 """What serve, the supervisors, `up` and `sandbox` need of the agent's proxy
 (DESIGN.md §6): its settings file, a place among its users (starting it
-when none runs), the relay a sandbox runs, and what the proxy refused.
+when none runs), the hand-over of a call's sandbox (the proxy then listens
+on 127.0.0.1:3128 inside it, before its program runs), and what the proxy
+refused.
 
 Cheap to import and stdlib only but orjson: the proxy itself (asyncio) is
 `linkrun.network.proxy`, in a process of its own.
@@ -8,7 +10,8 @@ Cheap to import and stdlib only but orjson: the proxy itself (asyncio) is
 Files of the state folder: `proxy.json` (the hosts and the route, written by
 `up` from the sandbox file; the proxy reads it again whenever it changes),
 `proxy.lock` (held by the running proxy), `proxy.users` (a shared lock per
-serve or supervisor that needs it), `proxy/proxy.sock`, `proxy.log` (the
+serve or supervisor that needs it), `proxy/proxy.sock` (its HTTP socket on
+the host), `proxy/hand.sock` (where a sandbox is handed to it), `proxy.log` (the
 proxy's stderr) and `proxy-refused.log` (one line per refusal: time, host,
 and the process ids above the connecting program, to tell calls apart).
 """
@@ -31,46 +34,20 @@ from ..errors import LinkRunError
 # Named in records' layout of the state folder.
 SETTINGS, REFUSED, FOLDER, SOCKET = (records.PROXY_SETTINGS, records.PROXY_REFUSED, records.PROXY_FOLDER,
                                      records.PROXY_SOCKET)
-INSIDE = "/run/lnk/proxy"
-RELAY_PORT = 3128
-RELAY_ADDRESS = f"http://127.0.0.1:{RELAY_PORT}"
+PORT = 3128  # the proxy's port on each sandbox's own loopback
+ADDRESS = f"http://127.0.0.1:{PORT}"
+# How long a call's program waits, at most, for the proxy to listen in its sandbox.
+HAND_TIMEOUT = 10.0
 
 # The sandbox's environment with [internet] hosts (§6): what curl, pip, git,
 # Python and Node read. NO_PROXY keeps the sandbox's own loopback servers direct.
 VARIABLES = (
-    ("HTTP_PROXY", RELAY_ADDRESS), ("HTTPS_PROXY", RELAY_ADDRESS),
-    ("http_proxy", RELAY_ADDRESS), ("https_proxy", RELAY_ADDRESS),
+    ("HTTP_PROXY", ADDRESS), ("HTTPS_PROXY", ADDRESS),
+    ("http_proxy", ADDRESS), ("https_proxy", ADDRESS),
     ("NO_PROXY", "localhost,127.0.0.1,::1"), ("no_proxy", "localhost,127.0.0.1,::1"),
     ("NODE_USE_ENV_PROXY", "1"),
 )
 
-# What runs first inside a sandbox with the internet: socat listening on the
-# sandbox's own 127.0.0.1:3128, forwarding each connection to the proxy's
-# socket; the program is exec'd once socat listens, so its first connection
-# never races the relay. The sandbox's network is new and empty, so the
-# first TCP socket in use there (/proc/net/sockstat, counted per network
-# namespace from listen() on) is socat's. Not /proc/net/tcp: each read of
-# it walks the host's whole established-connections table, ~4 ms a read.
-# socat is started from a subshell, so it is the sandbox's init's child
-# and not the program's: a program that waits for all its children never
-# waits for the relay. A shell, not Python: a call pays for one small exec
-# more, never for an interpreter. When the program ends, the sandbox's pid
-# namespace ends, and socat with it.
-_RELAY_SCRIPT = f"""\
-relay=$(socat TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{INSIDE}/{SOCKET} \
-  </dev/null >/dev/null 2>&1 & echo $!)
-while :; do
-  while read -r protocol _ in_use _; do
-    if [ "$protocol" = TCP: ] && [ "$in_use" != 0 ]; then exec "$@"; fi
-  done < /proc/net/sockstat
-  if ! kill -0 "$relay" 2>/dev/null; then
-    echo "lnk-link-run: the sandbox's internet relay (socat) did not start, so this program has no internet;" \\
-      "lnk-link-run doctor says why" >&2
-    exec "$@"
-  fi
-done
-"""
-RELAY = ("/bin/sh", "-c", _RELAY_SCRIPT, "lnk-relay")
 
 
 def socket_path(state: str) -> str:
@@ -203,6 +180,31 @@ def _watch(pid: int, path: str) -> int | None:
         os.close(pidfd)
         return None
     return pidfd
+
+
+def hand_over(proxy_dir: str, pidfd: int, pid: int) -> str | None:
+    """Have the agent's proxy listen on 127.0.0.1:3128 in the network of the
+    sandbox whose init is `pid` (held by `pidfd`), until that init ends.
+    Called while bwrap holds the program (`--block-fd`): None once the proxy
+    listens there, else why the program will have no internet."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    folder = -1
+    try:
+        sock.settimeout(HAND_TIMEOUT)
+        folder = os.open(proxy_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        sock.connect(short_path(folder, records.PROXY_HAND))
+        socket.send_fds(sock, [b"%d" % pid], [pidfd])
+        answer = sock.recv(4096)
+    except OSError as problem:
+        return f"the agent's proxy cannot be reached ({problem}); its log is {os.path.dirname(proxy_dir)}/" \
+               f"{records.PROXY_LOG}"
+    finally:
+        sock.close()
+        if folder >= 0:
+            os.close(folder)
+    if answer == b"ok":
+        return None
+    return answer.decode(errors="replace") or "the agent's proxy ended before it listened in the sandbox"
 
 
 def short_path(folder_fd: int, name: str) -> str:

@@ -1,11 +1,24 @@
-"""The agent's internet proxy: HTTP CONNECT and plain HTTP on a Unix socket,
-admitting only the hosts the sandbox file's [internet] names.
+"""The agent's internet proxy: HTTP CONNECT and plain HTTP, admitting only
+the hosts the sandbox file's [internet] names.
 
-One per agent (`<state>/proxy.lock`), on `<state>/proxy/proxy.sock`, the one
-folder of the state folder a sandbox sees (read-only, at /run/lnk/proxy).
-It lives while a serve or a supervisor holds a shared lock on
-`<state>/proxy.users`, and exits when none does. What it admits is
-`<state>/proxy.json` (linkrun.network.internet), read again whenever it changes.
+One per agent (`<state>/proxy.lock`). It lives while a serve or a supervisor
+holds a shared lock on `<state>/proxy.users`, and exits when none does. What
+it admits is `<state>/proxy.json` (linkrun.network.internet), read again whenever it
+changes.
+
+A sandbox reaches it on 127.0.0.1:3128 of its own network, where nothing
+of the sandbox listens: the proxy holds that listening socket. As a call
+starts, bwrap holds its program (`--block-fd`) while serve (or a
+supervisor) hands the proxy the sandbox's init, as a pidfd, on
+`<state>/proxy/hand.sock` (internet.hand_over). A spare process of the
+proxy's enters the sandbox's user and network namespaces, makes the
+listener there, passes it to the proxy and answers `ok`; then the program
+runs. The proxy serves that listener until the init's pidfd says the
+sandbox ended, and closes it (so the sandbox's network ends too). Entering
+a user namespace takes a single-threaded process: the spares are forked
+ahead by a small maker, itself forked before the proxy starts any thread,
+so a call never waits for a fork. The host's side, `proxy/proxy.sock`,
+speaks the same HTTP (for the tests, and the users' liveness probe).
 
 asyncio: one thread serves every connection, so a slow client
 costs a waiting coroutine, never a blocked worker, and a hundred connections
@@ -17,8 +30,9 @@ global is refused unless the list names it exactly (a name or an address):
 the way in and the host's own services stay out of reach. An IPv6 address
 carrying an IPv4 one (NAT64, 6to4, mapped...) is judged by that IPv4 address.
 
-One sandbox cannot use up the proxy's descriptors: each (a pid namespace)
-holds at most `sandbox_cap()` connections; a request must arrive within
+One sandbox cannot use up the proxy's descriptors: each (a call's
+listener; on the host's socket, a pid namespace) holds at most
+`sandbox_cap()` connections; a request must arrive within
 HEAD_TIMEOUT, and a tunnel idle either way for TUNNEL_IDLE is closed.
 """
 
@@ -26,11 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
+import errno
 import fcntl
 import functools
 import ipaddress
 import os
 import resource
+import signal
 import socket
 import struct
 import sys
@@ -52,6 +69,8 @@ CONNECT_TIMEOUT = 10.0
 CHUNK = 256 * 1024
 USERS_CHECK = 1.0  # seconds between looks for a remaining user (no event exists for a flock's release)
 REFUSED_MAX = 1024 * 1024  # then the refusal log starts afresh (the old one is kept as .old)
+SPARES = 2  # processes forked ahead, each to make one sandbox's listener
+BACKLOG = 256  # connections a listener queues before the proxy accepts them
 
 
 class Rules:
@@ -132,12 +151,14 @@ class Proxy:
     def __init__(self, state: str, descriptors: int = 1024):
         self.state = state
         self.cap = sandbox_cap(descriptors)
-        self.held: collections.Counter = collections.Counter()  # connections held, by sandbox
-        self.at_cap: set = set()  # sandboxes told of in the log, until they drop below the cap
+        self.held: collections.Counter[str] = collections.Counter()  # connections held, by sandbox
+        self.at_cap: set[str] = set()  # sandboxes told of in the log, until they drop below the cap
         self.settings_path = os.path.join(state, internet.SETTINGS)
         self.refused_log = os.path.join(state, internet.REFUSED)
-        self.seen: tuple | None = None
-        self.rules, self.route, self.way_in_port = Rules([]), None, None
+        self.seen: tuple[int, int, int] | None = None
+        self.rules = Rules([])
+        self.route: tuple[str, int] | None = None
+        self.way_in_port: int | None = None
         self.reload()
 
     def reload(self) -> None:
@@ -161,14 +182,18 @@ class Proxy:
         print(f"lnk-link-run proxy: hosts: {self.rules.describe()}" + (f", through {route}" if route else ""),
               file=sys.stderr, flush=True)
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        sandbox = _sandbox_of(_peer_pid(writer))
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     init: int | None = None) -> None:
+        """One connection: on a sandbox's listener (`init`, its init's pid),
+        or on the host's socket (its peer's pid namespace is its sandbox)."""
+        caller = init if init is not None else _peer_pid(writer)
+        sandbox = f"the sandbox of pid {init}" if init is not None else _sandbox_of(caller)
         if self.held[sandbox] >= self.cap:
             return await self.over_cap(writer, sandbox)
         self.held[sandbox] += 1
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-            await self.serve(head, reader, writer)
+            await self.serve(head, reader, writer, caller)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError):
             pass
         finally:
@@ -178,6 +203,37 @@ class Proxy:
                 self.at_cap.discard(sandbox)
             if not self.held[sandbox]:
                 del self.held[sandbox]
+
+    def received(self, channel: socket.socket) -> None:
+        """A listener a spare made in a sandbox, with that sandbox's init."""
+        try:
+            message, fds, _, _ = socket.recv_fds(channel, 64, 2)
+        except (BlockingIOError, InterruptedError):
+            return
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return
+        listener, init = socket.socket(fileno=fds[0]), fds[1]
+        asyncio.get_running_loop().create_task(self.serve_sandbox(listener, init, int(message)))
+
+    async def serve_sandbox(self, listener: socket.socket, init: int, pid: int) -> None:
+        """Serve a sandbox's listener until its init ends, then close it: a
+        listener held here would keep the sandbox's network alive."""
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        try:
+            server = await asyncio.start_server(functools.partial(self.handle, init=pid), sock=listener,
+                                                limit=HEAD_MAX)
+            loop.add_reader(init, _settle, ended)  # a pidfd polls readable once its process exited
+            try:
+                await ended
+            finally:
+                loop.remove_reader(init)
+                server.close()
+        finally:
+            listener.close()
+            os.close(init)
 
     async def over_cap(self, writer: asyncio.StreamWriter, sandbox: str) -> None:
         """A 503 at once, without reading the request: the descriptor is free again as soon as it is sent."""
@@ -194,7 +250,8 @@ class Proxy:
         finally:
             writer.close()
 
-    async def serve(self, head: bytes, reader, writer):
+    async def serve(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    caller: int | None) -> None:
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3:
@@ -217,11 +274,11 @@ class Proxy:
         self.reload()
         admitted, named = self.rules.admits(host, port)
         if not admitted:
-            return await self.refuse(writer, host, port, "is not among the hosts it allows")
+            return await self.refuse(writer, host, port, "is not among the hosts it allows", caller)
         try:
             upstream_reader, upstream_writer = await self.connect(host, port, named)
         except PermissionError as why:
-            return await self.refuse(writer, host, port, str(why))
+            return await self.refuse(writer, host, port, str(why), caller)
         except (TimeoutError, OSError) as problem:
             return await self.answer(writer, 502, "Bad Gateway", f"cannot reach {host}:{port}: {problem}")
         if method == "CONNECT":
@@ -234,10 +291,10 @@ class Proxy:
         finally:
             upstream_writer.close()
 
-    async def connect(self, host: str, port: int, named: bool):
+    async def connect(self, host: str, port: int, named: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = [info[4][0] for info in infos]
+        addresses = [str(info[4][0]) for info in infos]
         if port == self.way_in_port and not all(public(a) for a in addresses):
             raise PermissionError(f"is the way in's port on an address of this machine or its network "
                                   f"({', '.join(sorted(set(addresses)))}), which no sandbox may reach")
@@ -253,7 +310,7 @@ class Proxy:
                 problem = failed
         raise problem
 
-    async def open(self, address: str, port: int):
+    async def open(self, address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.route is None:
             return await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT)
         # Through the agent's route: every admitted connection goes out there.
@@ -270,18 +327,18 @@ class Proxy:
             raise OSError(f"the route refused it ({reply.splitlines()[0].decode('latin-1')})")
         return r, w
 
-    async def refuse(self, writer, host: str, port: int, why: str):
+    async def refuse(self, writer: asyncio.StreamWriter, host: str, port: int, why: str, caller: int | None) -> None:
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.log_refusal(target, writer)
+        self.log_refusal(target, caller)
         await self.answer(writer, 403, "Forbidden",
                           f"Link Run's proxy refused {target}: it {why}. The sandbox file's [internet] "
                           f"hosts allow: {self.rules.describe()} (without a port, only 80 and 443).")
 
-    def log_refusal(self, target: str, writer) -> None:
+    def log_refusal(self, target: str, caller: int | None) -> None:
         """One line for serve and the supervisors: the time, the target, and
-        the processes above the one that connected (the relay, in the
-        sandbox of some call), so each call is told only its own."""
-        above = _ancestors(_peer_pid(writer))
+        the processes from `caller` up (a call's sandbox's init, then its
+        bwrap, ...), so each call is told only its own."""
+        above = _ancestors(caller)
         try:
             if os.path.exists(self.refused_log) and os.path.getsize(self.refused_log) > REFUSED_MAX:
                 os.replace(self.refused_log, self.refused_log + ".old")  # readers need only the latest
@@ -291,7 +348,7 @@ class Proxy:
             print(f"lnk-link-run proxy: cannot log the refusal of {target}: {problem}", file=sys.stderr, flush=True)
 
     @staticmethod
-    async def answer(writer, status: int, reason: str, text: str):
+    async def answer(writer: asyncio.StreamWriter, status: int, reason: str, text: str) -> None:
         body = (text + "\n").encode()
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
                      f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
@@ -314,7 +371,7 @@ async def tunnel(client_reader: asyncio.StreamReader, client_writer: asyncio.Str
     await asyncio.wait([both])  # cancelled or done: its result is not wanted
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: list[float]):
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: list[float]) -> None:
     loop = asyncio.get_running_loop()
     try:
         while data := await reader.read(CHUNK):
@@ -327,12 +384,17 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved
         writer.close()
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _address(route: str) -> tuple[str, int]:
     host, _, port = route.removeprefix("http://").rpartition(":")
     return host.strip("[]"), int(port)
 
 
-def _peer_pid(writer) -> int | None:
+def _peer_pid(writer: asyncio.StreamWriter) -> int | None:
     sock = writer.get_extra_info("socket")
     try:
         pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -351,8 +413,7 @@ def _own_pid_namespace() -> int:
 
 def _sandbox_of(pid: int | None) -> str:
     """What the per-sandbox cap counts by: the pid namespace the connecting
-    process is in (a sandbox's own, whether its relay or its program
-    connects), or the one that holds it just below ours, so that namespaces
+    process is in (on the host's socket), or the one that holds it just below ours, so that namespaces
     a program makes inside count as its sandbox. Else its pid, else one
     bucket for peers already gone."""
     if pid is None:
@@ -380,7 +441,7 @@ def _sandbox_of(pid: int | None) -> str:
 
 def _ancestors(pid: int | None, depth: int = 12) -> list[int]:
     """`pid` and the processes above it, as far as /proc shows them."""
-    found = []
+    found: list[int] = []
     while pid and pid > 1 and len(found) < depth:
         found.append(pid)
         try:
@@ -405,19 +466,126 @@ def main(argv: list[str]) -> int:
     except BlockingIOError:
         return 0  # another proxy serves this agent
     folder = os.path.join(state, internet.FOLDER)
-    os.makedirs(folder, mode=0o755, exist_ok=True)
-    os.chmod(folder, 0o755)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    temporary = os.path.join(folder, f".{internet.SOCKET}.{os.getpid()}")
-    folder_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    listener.bind(internet.short_path(folder_fd, os.path.basename(temporary)))
-    os.close(folder_fd)
-    os.chmod(temporary, 0o666)  # the sandbox connects as whoever it maps to
-    listener.listen(256)
-    os.rename(temporary, os.path.join(folder, internet.SOCKET))  # a restarted proxy replaces the socket whole
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)  # no sandbox sees it: only the agent's own serve and supervisors
+    # Before any thread: the maker is forked from a process that has one.
+    hand = _bind(folder, records.PROXY_HAND, socket.SOCK_SEQPACKET)
+    channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    _start_maker(hand, theirs, keep=(lock,))
+    hand.close()
+    theirs.close()
+    listener = _bind(folder, internet.SOCKET, socket.SOCK_STREAM)
     print(f"lnk-link-run proxy: serving {folder}/{internet.SOCKET}", file=sys.stderr, flush=True)
-    asyncio.run(_serve(Proxy(state, descriptors), listener, state))
+    asyncio.run(_serve(Proxy(state, descriptors), listener, channel, state))
     return 0
+
+
+def _bind(folder: str, name: str, kind: int) -> socket.socket:
+    """A listening Unix socket `folder/name`, made under a temporary name and
+    renamed: a restarted proxy replaces the socket whole."""
+    sock = socket.socket(socket.AF_UNIX, kind)
+    temporary = f".{name}.{os.getpid()}"
+    folder_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.bind(internet.short_path(folder_fd, temporary))
+        os.chmod(temporary, 0o600, dir_fd=folder_fd)
+        sock.listen(BACKLOG)
+        os.rename(temporary, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    finally:
+        os.close(folder_fd)
+    return sock
+
+
+# -- The listeners inside sandboxes ------------------------------------------
+
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000  # linux/sched.h
+PR_SET_PDEATHSIG = 1
+IP_FREEBIND = 15  # linux/in.h: bind before the sandbox's loopback is up
+
+
+def _start_maker(hand: socket.socket, channel: socket.socket, keep: tuple[int, ...]) -> None:
+    """Fork the maker: it keeps SPARES processes waiting on `hand`, each of
+    which serves one hand-over and exits, and forks another for each that
+    ended. It and its spares die with the proxy (a parent-death signal)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    proxy = os.getpid()
+    if os.fork() != 0:
+        return
+    try:
+        for fd in keep:
+            os.close(fd)  # the proxy's lock is the proxy's alone
+        if _die_with(libc, proxy):
+            _keep_spares(libc, hand, channel)
+    finally:
+        os._exit(0)
+
+
+def _die_with(libc: ctypes.CDLL, parent: int) -> bool:
+    """Killed when `parent` ends; False when it ended already."""
+    return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == parent
+
+
+def _keep_spares(libc: ctypes.CDLL, hand: socket.socket, channel: socket.socket) -> None:
+    maker = os.getpid()
+    spares = 0
+    while True:
+        while spares < SPARES:
+            if os.fork() == 0:
+                try:
+                    if _die_with(libc, maker):
+                        _serve_one(libc, hand, channel)
+                finally:
+                    os._exit(0)
+            spares += 1
+        os.wait()
+        spares -= 1
+
+
+def _serve_one(libc: ctypes.CDLL, hand: socket.socket, channel: socket.socket) -> None:
+    """One hand-over: a pidfd of a sandbox's init (and its pid) in, a
+    listener made in that sandbox's network out to the proxy, `ok` (or why
+    not) back to the caller."""
+    caller, _ = hand.accept()
+    with caller:
+        caller.settimeout(internet.HAND_TIMEOUT)
+        try:
+            message, fds, _, _ = socket.recv_fds(caller, 64, 1)
+        except OSError:
+            return
+        if len(fds) != 1 or not message.isdigit():
+            for fd in fds:
+                os.close(fd)
+            caller.send(b"the hand-over is a pid and a pidfd of the sandbox's init")
+            return
+        try:
+            listener = _listen_inside(libc, fds[0])
+            socket.send_fds(channel, [message], [listener.fileno(), fds[0]])
+        except Exception as problem:  # the caller is told, whatever it was: its program waits for the answer
+            caller.send(f"the agent's proxy cannot listen in the sandbox: {problem}".encode())
+            return
+        caller.send(b"ok")
+
+
+def _listen_inside(libc: ctypes.CDLL, pidfd: int) -> socket.socket:
+    """A socket listening on 127.0.0.1:PORT in the network of the process
+    `pidfd` holds. Its user namespace first: only a member with
+    CAP_SYS_ADMIN there may enter its network (as root, one already is,
+    and entering that user namespace is still allowed)."""
+    host_network = os.stat("/proc/self/ns/net").st_ino
+    error = 0
+    for namespaces in (CLONE_NEWUSER | CLONE_NEWNET, CLONE_NEWNET):  # the second: a sandbox in our own user namespace
+        error = 0 if libc.setns(pidfd, namespaces) == 0 else ctypes.get_errno()
+        if error != errno.EINVAL:
+            break
+    if error:
+        raise OSError(error, f"cannot enter its namespaces: {os.strerror(error)}")
+    if os.stat("/proc/self/ns/net").st_ino == host_network:  # never a listener on the host's own loopback
+        raise OSError(errno.EINVAL, "the process handed over has no network of its own")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    listener.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
+    listener.bind(("127.0.0.1", internet.PORT))
+    listener.listen(BACKLOG)
+    return listener
 
 
 def _raise_descriptor_limit() -> int:
@@ -432,8 +600,10 @@ def _raise_descriptor_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-async def _serve(proxy: Proxy, listener: socket.socket, state: str):
+async def _serve(proxy: Proxy, listener: socket.socket, channel: socket.socket, state: str) -> None:
     server = await asyncio.start_unix_server(proxy.handle, sock=listener, limit=HEAD_MAX)
+    channel.setblocking(False)
+    asyncio.get_running_loop().add_reader(channel, proxy.received, channel)
     users = os.open(os.path.join(state, records.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     async with server:
         while True:

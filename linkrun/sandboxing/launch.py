@@ -14,6 +14,11 @@ A real sandbox starts with an empty environment: bwrap's `--clearenv` clears
 the program's, not bwrap's own, and bwrap's pid 1 keeps the environment it
 was started with, readable inside at /proc/1/environ.
 
+With the internet (`proxy_dir`), bwrap holds the program (`--block-fd`)
+until the agent's proxy listens in the sandbox's network: `init_pidfd()`
+hands it the sandbox's init (internet.hand_over) and then lets the program
+run, with or without the internet (`no_internet` says why not).
+
 bwrap's `--info-fd` gives the host pid of the sandbox's init (its pid 1):
 `--die-with-parent` alone does not end a sandbox whose program traced its
 init and cleared the init's death signal, while a SIGKILL to that init from
@@ -53,7 +58,7 @@ class Sandbox:
     fixed: tuple[str, ...]  # the sandbox command up built (or a pass-through in tests)
     files: str  # the files folder
     write: tuple[str, ...] = ()  # write folders, relative to the files folder
-    proxy_dir: str | None = None  # the proxy's socket folder, bound read-only inside
+    proxy_dir: str | None = None  # the agent's proxy's folder, when calls have the internet
     seccomp: str | None = None  # the filter file, opened afresh for each launch
     limits: Limits | None = None  # each launch in a cgroup of its own with these, where one can be had
 
@@ -75,6 +80,9 @@ class Launch:
     info_r: int | None = None  # our end of bwrap's --info-fd (bwrap's end is among `fds`)
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
     group: Group | None = None  # the launch's cgroup, until the caller takes it
+    proxy_dir: str | None = None  # with the internet: the proxy that listens inside
+    block_w: int | None = None  # holds the program (bwrap's --block-fd) until the proxy listens inside
+    no_internet: str | None = None  # why the program runs without the internet, if it does
 
     def __enter__(self) -> Launch:
         return self
@@ -101,7 +109,22 @@ class Launch:
         if self.info_r is None:
             return None
         pidfd, self.init_pid = _init_pidfd(self.info_r)
+        if self.block_w is not None:
+            self._open_internet(pidfd)
         return pidfd
+
+    def _open_internet(self, pidfd: int | None) -> None:
+        """The proxy listening inside, then the program let go (on failure too: it runs without)."""
+        from ..network.internet import hand_over  # only a launch with the internet pays for it
+
+        if pidfd is not None and self.proxy_dir is not None and self.init_pid is not None:
+            self.no_internet = hand_over(self.proxy_dir, pidfd, self.init_pid)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if self.block_w is not None:
+            os.close(self.block_w)  # bwrap reads end of file, and runs the program
+            self.block_w = None
 
     def spawning(self) -> contextlib.AbstractContextManager:
         """Around the spawn: in cgroup v1, the spawning thread is in the group
@@ -117,6 +140,7 @@ class Launch:
 
     def close(self) -> None:
         self.handed_over()
+        self._let_go()
         if self.info_r is not None:
             os.close(self.info_r)
             self.info_r = None
@@ -171,7 +195,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
     own_fd = files_fd is None
     fd = os.open(sandbox.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if files_fd is None else files_fd
     try:
-        part, fds = percall.call_part(fd, sandbox.files, sandbox.write, sandbox.proxy_dir, folder)
+        part, fds = percall.call_part(fd, sandbox.files, sandbox.write, folder)
     finally:
         if own_fd:
             os.close(fd)
@@ -191,6 +215,8 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             launch.info_r, info_w = os.pipe2(os.O_CLOEXEC)
             launch.fds.append(info_w)
             part += ["--info-fd", str(info_w)]
+            if sandbox.proxy_dir is not None:
+                part += _hold_for_internet(launch, sandbox.proxy_dir)
     except BaseException:
         launch.close()
         raise
@@ -198,14 +224,19 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
     return launch
 
 
-def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[str, str]] = (),
-                 relay: Sequence[str] = ()) -> list[str]:
-    """What follows the sandbox's `--`: the relay when there is internet, then the
-    program, through env when --var is given."""
-    argv = list(relay)
+def _hold_for_internet(launch: Launch, proxy_dir: str) -> list[str]:
+    """bwrap waits, before it runs the program, until `init_pidfd()` let it go."""
+    block_r, launch.block_w = os.pipe2(os.O_CLOEXEC)
+    launch.fds.append(block_r)
+    launch.proxy_dir = proxy_dir
+    return ["--block-fd", str(block_r)]
+
+
+def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """What follows the sandbox's `--`: the program, through env when --var is given."""
     if variables:
-        argv += ["/usr/bin/env"] + [f"{name}={value}" for name, value in variables]
-    return argv + [program, *args]
+        return ["/usr/bin/env"] + [f"{name}={value}" for name, value in variables] + [program, *args]
+    return [program, *args]
 
 
 def _init_pidfd(info_r: int) -> tuple[int | None, int | None]:

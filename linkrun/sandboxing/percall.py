@@ -70,8 +70,7 @@ class TooManyRepositories(Refused):
             f"(they are in {files_path}), or move them out of the write folders, and call again")
 
 
-def call_part(files_fd: int, files_path: str, write: Sequence[str], proxy_dir: str | None,
-              folder: str) -> tuple[list[str], list[int]]:
+def call_part(files_fd: int, files_path: str, write: Sequence[str], folder: str) -> tuple[list[str], list[int]]:
     """The argv fragment for one call, and the descriptors it opened.
 
     `write` are the write folders, relative to the files folder (checked by
@@ -101,11 +100,6 @@ def call_part(files_fd: int, files_path: str, write: Sequence[str], proxy_dir: s
             part += ["--bind-fd", str(writable[rel]), f"{files_path}/{rel}"]
         for rel in sorted(read_only):
             part += ["--ro-bind-fd", str(read_only[rel]), f"{files_path}/{rel}"]
-        if proxy_dir:
-            # The state folder is no program's to write: a path is safe here.
-            from ..network.internet import INSIDE  # free: whoever passes proxy_dir has loaded it
-
-            part += ["--ro-bind", proxy_dir, INSIDE]
         folder = folder.strip("/")
         part += ["--chdir", files_path if folder in ("", ".") else f"{files_path}/{folder}"]
         return part, opened

@@ -403,7 +403,7 @@ def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder)
 def environment(folder: agent_folder.AgentFolder, internet: bool = False) -> list[tuple[str, str]]:
     """The sandbox's whole environment: nothing of the caller's. Caches go
     under work/.cache, the one place a program writes that outlives it. With
-    [internet] hosts, the proxy variables name the relay inside (§6)."""
+    [internet] hosts, the proxy variables name the proxy's listener on the sandbox's own loopback (§6)."""
     cache = f"{folder.files}/work/.cache"
     return [
         ("PATH", SYSTEM_PATH), ("HOME", folder.home), ("LANG", "C.UTF-8"), ("TMPDIR", "/tmp"),
@@ -460,8 +460,6 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
     for path in (folder.agent, folder.home, folder.files):
         binds.append(path)
         argv += ["--ro-bind", path, path]
-    if sandbox.hosts:
-        argv += ["--dir", internet_.INSIDE]  # the mount point, before / turns read-only
     # bwrap's own root is a tmpfs without a size: read-only, so nothing can
     # fill memory there. Later binds mount on folders that already exist.
     argv += ["--remount-ro", "/", "--clearenv"]
@@ -524,7 +522,7 @@ def main(argv: list[str]) -> int:
     from . import seccomp
 
     box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))
-    tail = program_argv(program[0], program[1:], relay=internet_.RELAY if sandbox.hosts else ())
+    tail = program_argv(program[0], program[1:])
     if "--print" in flags:
         with prepare(box, tail, watch_init=False) as launch:
             print(shlex.join(launch.argv))

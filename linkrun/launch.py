@@ -75,6 +75,7 @@ class Launch:
     info_r: int | None = None  # our end of bwrap's --info-fd (bwrap's end is among `fds`)
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
     group: Group | None = None  # the launch's cgroup, until the caller takes it
+    held: list[int] = field(default_factory=list)  # kept until `close()`: the pinned /etc view
 
     def __enter__(self) -> Launch:
         return self
@@ -117,6 +118,8 @@ class Launch:
 
     def close(self) -> None:
         self.handed_over()
+        while self.held:
+            os.close(self.held.pop())
         if self.info_r is not None:
             os.close(self.info_r)
             self.info_r = None
@@ -177,6 +180,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             os.close(fd)
     launch = Launch([], fds, env={})
     try:
+        fixed = _with_etc_view(list(sandbox.fixed), launch)
         if sandbox.seccomp is not None:
             try:
                 filter_fd = os.open(sandbox.seccomp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -194,8 +198,26 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
     except BaseException:
         launch.close()
         raise
-    launch.argv = list(sandbox.fixed) + part + ["--", *tail]
+    launch.argv = fixed + part + ["--", *tail]
     return launch
+
+
+def _with_etc_view(fixed: list[str], launch: Launch) -> list[str]:
+    """The fixed part binding the current /etc view by a descriptor that the
+    launch holds until the sandbox ended (etcview.py), the view refreshed
+    first when the host's /etc changed; unchanged when it binds none."""
+    from .etcview import ETC, pin, refresh
+    from .records import ETC_VIEW
+
+    for at in range(len(fixed) - 2):
+        if fixed[at] == "--ro-bind" and fixed[at + 2] == ETC and fixed[at + 1].endswith(f"/{ETC_VIEW}"):
+            refresh(fixed[at + 1])
+            view = pin(fixed[at + 1])
+            launch.fds.append(view)
+            launch.held.append(os.dup(view))  # the flock stays once bwrap closed its copy
+            fixed[at:at + 2] = ["--ro-bind-fd", str(view)]
+            break
+    return fixed
 
 
 def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[str, str]] = (),

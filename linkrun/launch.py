@@ -34,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +78,8 @@ class Launch:
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
     group: Group | None = None  # the launch's cgroup, until the caller takes it
     held: list[int] = field(default_factory=list)  # kept until `close()`: the pinned /etc view
+    rlimits: tuple[tuple[int, int], ...] = ()  # set on the sandbox's init while it waits (bwrap's --block-fd)
+    release_w: int | None = None  # our end of that --block-fd: written once they are set
 
     def __enter__(self) -> Launch:
         return self
@@ -102,7 +106,32 @@ class Launch:
         if self.info_r is None:
             return None
         pidfd, self.init_pid = _init_pidfd(self.info_r)
+        if self.release_w is not None:
+            self._release(pidfd)
         return pidfd
+
+    def _release(self, pidfd: int | None) -> None:
+        """Set the limits on the sandbox's init, which waits before it forks
+        the program (bwrap's --block-fd), then let it go on: the program
+        inherits them. Raises LinkRunError, the init killed, when they
+        cannot be set: nothing runs without them."""
+        assert self.release_w is not None
+        release, self.release_w = self.release_w, None
+        try:
+            if pidfd is None or self.init_pid is None:
+                return  # bwrap ended before its init: nothing waits
+            try:
+                for which, value in self.rlimits:
+                    resource.prlimit(self.init_pid, which, (value, value))
+                os.write(release, b"g")
+            except OSError as error:
+                from .errors import LinkRunError
+
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                raise LinkRunError(f"cannot set the sandbox's limits on its init: {error.strerror}",
+                                   "run lnk-link-run doctor; report this as a bug") from None
+        finally:
+            os.close(release)
 
     def spawning(self) -> contextlib.AbstractContextManager:
         """Around the spawn: in cgroup v1, the spawning thread is in the group
@@ -118,6 +147,11 @@ class Launch:
 
     def close(self) -> None:
         self.handed_over()
+        if self.release_w is not None:  # never released: nothing waits, or it must not go on
+            if self.init_pid is not None:
+                _kill_quietly(self.init_pid)
+            os.close(self.release_w)
+            self.release_w = None
         while self.held:
             os.close(self.held.pop())
         if self.info_r is not None:
@@ -195,6 +229,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             launch.info_r, info_w = os.pipe2(os.O_CLOEXEC)
             launch.fds.append(info_w)
             part += ["--info-fd", str(info_w)]
+            fixed = _limits_without_exec(fixed, launch, part)
     except BaseException:
         launch.close()
         raise
@@ -218,6 +253,36 @@ def _with_etc_view(fixed: list[str], launch: Launch) -> list[str]:
             fixed[at:at + 2] = ["--ro-bind-fd", str(view)]
             break
     return fixed
+
+
+def _limits_without_exec(fixed: list[str], launch: Launch, part: list[str]) -> list[str]:
+    """The fixed part without its `prlimit ... --` prefix, whose limits the
+    launch sets on the sandbox's init itself (`init_pidfd`): an exec fewer per
+    call. Unchanged when the prefix holds a flag not known here."""
+    if not fixed or os.path.basename(fixed[0]) != "prlimit" or "--" not in fixed:
+        return fixed
+    end = fixed.index("--")
+    rlimits = []
+    for flag in fixed[1:end]:
+        name, _, value = flag.partition("=")
+        if name not in _RLIMITS or not value.isdigit():
+            return fixed
+        rlimits.append((_RLIMITS[name], int(value)))
+    launch.rlimits = tuple(rlimits)
+    release_r, launch.release_w = os.pipe2(os.O_CLOEXEC)
+    launch.fds.append(release_r)
+    part += ["--block-fd", str(release_r)]
+    return fixed[end + 1:]
+
+
+_RLIMITS = {"--core": resource.RLIMIT_CORE, "--fsize": resource.RLIMIT_FSIZE, "--nproc": resource.RLIMIT_NPROC}
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[str, str]] = (),

@@ -60,8 +60,10 @@ MASKS = ("ssl/private",)  # inside a folder allowed above: never copied
 CHECK_EVERY = 1.0  # seconds between two looks at the host's entries
 _SKIPPED = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR)  # gone, unreadable, replaced
 
-Entries = list[tuple[str, os.stat_result]]
-_prints: dict[str, bytes] = {}  # a view's path → its print, read once by this process
+RACY = 50_000_000  # ns: a change this close before a look may be followed, unseen, by another in the same tick
+Entries = list[tuple[str, os.stat_result | None]]  # None: a link below the top, seen through its folder
+Print = tuple[int, bytes]  # when the look began (ns), and the fingerprint it saw
+_prints: dict[str, Print] = {}  # a view's path → its print, read once by this process
 
 
 def wanted(name: str) -> bool:
@@ -72,7 +74,9 @@ def wanted(name: str) -> bool:
 def entries(etc: str = ETC) -> Entries:
     """Each allowed entry below `etc` (relative path, lstat), a folder before
     what it holds; never following a link, the masks and what this user
-    cannot list left out."""
+    cannot list left out. A link below the top is not lstat'ed: a link
+    cannot change in place, and adding, replacing or removing one changes
+    its folder's mtime (there are some 700: most of the look's time)."""
     found: Entries = []
     try:
         names = sorted(os.listdir(etc))
@@ -80,25 +84,32 @@ def entries(etc: str = ETC) -> Entries:
         return found
     for name in names:
         if wanted(name):
-            _walk(etc, name, found)
+            try:
+                _walk(etc, name, os.lstat(os.path.join(etc, name)), found)
+            except OSError as error:
+                if error.errno not in _SKIPPED:
+                    raise
     return found
 
 
-def _walk(etc: str, rel: str, found: Entries) -> None:
-    if rel in MASKS:
+def _walk(etc: str, rel: str, info: os.stat_result, found: Entries) -> None:
+    if rel in MASKS or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
         return
-    path = os.path.join(etc, rel)
-    try:
-        info = os.lstat(path)
-        names = sorted(os.listdir(path)) if stat.S_ISDIR(info.st_mode) else []
-    except OSError as error:
-        if error.errno in _SKIPPED:
-            return
-        raise
-    if stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode):
+    if not stat.S_ISDIR(info.st_mode):
         found.append((rel, info))
-    for name in names:
-        _walk(etc, f"{rel}/{name}", found)
+        return
+    try:
+        with os.scandir(os.path.join(etc, rel)) as listing:
+            children = sorted(listing, key=lambda entry: entry.name)
+        found.append((rel, info))
+        for child in children:
+            if child.is_symlink():
+                found.append((f"{rel}/{child.name}", None))
+            else:
+                _walk(etc, f"{rel}/{child.name}", child.stat(follow_symlinks=False), found)
+    except OSError as error:
+        if error.errno not in _SKIPPED:
+            raise
 
 
 def fingerprint(etc: str, found: Entries) -> bytes:
@@ -106,9 +117,21 @@ def fingerprint(etc: str, found: Entries) -> bytes:
     entry changes it (a write changes a file's ctime, a rename its inode),
     and so does a reboot (a copy not yet on disk may have been lost)."""
     lines = [f"{etc}\0{boot_id()}"] + [
+        f"{rel}\0link" if info is None else
         f"{rel}\0{info.st_mode:o}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ctime_ns}"
         for rel, info in found]
     return "\n".join(lines).encode("utf-8", "surrogateescape")
+
+
+def _racy(found: Entries, looked_at: int) -> bool:
+    """Whether an entry changed so close before the look that made a view
+    that a second change in the same clock tick would not show in its
+    times: such a view is made again once (git's "racy" files)."""
+    return any(info is not None and info.st_ctime_ns >= looked_at - RACY for _, info in found)
+
+
+def _stale(current: Print | None, made: bytes, found: Entries) -> bool:
+    return current is None or current[1] != made or _racy(found, current[0])
 
 
 def link_of(state: str) -> str:
@@ -120,10 +143,11 @@ def ensure(state: str, etc: str = ETC) -> None:
     or it has none), and remove the old views no sandbox holds."""
     with filing.hold(os.path.join(state, ETC_LOCK)) as lock:
         os.utime(lock)  # checked now
+        looked_at = time.time_ns()
         found = entries(etc)
         made = fingerprint(etc, found)
-        if _print_of(state) != made:
-            _swap_in(state, _copy(etc, found, made, os.path.join(state, ETC_VIEWS)))
+        if _stale(_print_of(state), made, found):
+            _swap_in(state, _copy(etc, found, (looked_at, made), os.path.join(state, ETC_VIEWS)))
         _remove_old(state)
 
 
@@ -143,8 +167,9 @@ def refresh(link: str) -> None:
     try:
         os.utime(lock)  # the others need not look too
         current = _print_of(state)
-        etc = current.split(b"\0", 1)[0].decode("utf-8", "surrogateescape") if current else ETC
-        if fingerprint(etc, entries(etc)) != current:
+        etc = current[1].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") if current else ETC
+        found = entries(etc)
+        if _stale(current, fingerprint(etc, found), found):
             ensure(state, etc)
     except OSError as error:
         print(f"lnk-link-run: cannot refresh the sandbox's /etc view in {state}: {error}; "
@@ -169,7 +194,7 @@ def pin(link: str) -> int:
                        "call again; if it keeps failing, start the agent again with lnk-link-run up")
 
 
-def _print_of(state: str) -> bytes | None:
+def _print_of(state: str) -> Print | None:
     """The current view's print, or None when there is no view."""
     link = link_of(state)
     try:
@@ -179,13 +204,14 @@ def _print_of(state: str) -> bytes | None:
     if view not in _prints:
         try:
             with open(f"{view}.print", "rb") as f:
-                _prints[view] = f.read()
-        except FileNotFoundError:
-            return None
+                looked_at, _, made = f.read().partition(b"\n")
+            _prints[view] = (int(looked_at), made)
+        except (FileNotFoundError, ValueError):
+            return None  # none, or cut short: made again
     return _prints[view]
 
 
-def _copy(etc: str, found: Entries, made: bytes, views: str) -> str:
+def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
     """A new view of `found` in `views`, with its print beside it: the view's name, relative to the state folder."""
     os.makedirs(views, 0o700, exist_ok=True)
     name = os.urandom(6).hex()
@@ -195,11 +221,11 @@ def _copy(etc: str, found: Entries, made: bytes, views: str) -> str:
     for rel, info in found:
         source, target = os.path.join(etc, rel), os.path.join(view, rel)
         try:
-            if stat.S_ISDIR(info.st_mode):
+            if info is None or stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(source), target)
+            elif stat.S_ISDIR(info.st_mode):
                 os.mkdir(target, 0o700)
                 folders.append((target, info))
-            elif stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(source), target)
             else:
                 _copy_file(source, target, info)
         except OSError as error:
@@ -207,7 +233,10 @@ def _copy(etc: str, found: Entries, made: bytes, views: str) -> str:
                 raise
     for folder, info in reversed(folders):  # deepest first: a folder without write permission is filled already
         os.chmod(folder, stat.S_IMODE(info.st_mode), follow_symlinks=False)
-    filing.write_whole(f"{view}.print", made, 0o600)
+    # Not synced, nor the view: a crash before they reach the disk is followed
+    # by a reboot, and a print names its boot.
+    with open(os.open(f"{view}.print", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as f:
+        f.write(b"%d\n" % made[0] + made[1])
     return os.path.join(ETC_VIEWS, name)
 
 
@@ -231,7 +260,6 @@ def _swap_in(state: str, view: str) -> None:
     beside = f"{link_of(state)}.{os.urandom(4).hex()}.tmp"
     os.symlink(view, beside)
     os.rename(beside, link_of(state))
-    filing.sync_folder(state)
 
 
 def _remove_old(state: str) -> None:

@@ -244,14 +244,13 @@ def _with_etc_view(fixed: list[str], launch: Launch) -> list[str]:
     from .etcview import ETC, pin, refresh
     from .records import ETC_VIEW
 
-    for at in range(len(fixed) - 2):
-        if fixed[at] == "--ro-bind" and fixed[at + 2] == ETC and fixed[at + 1].endswith(f"/{ETC_VIEW}"):
-            refresh(fixed[at + 1])
-            view = pin(fixed[at + 1])
-            launch.fds.append(view)
-            launch.held.append(os.dup(view))  # the flock stays once bwrap closed its copy
-            fixed[at:at + 2] = ["--ro-bind-fd", str(view)]
-            break
+    at = fixed.index(ETC) - 2 if ETC in fixed else -1
+    if at >= 0 and fixed[at] == "--ro-bind" and fixed[at + 1].endswith(f"/{ETC_VIEW}"):
+        refresh(fixed[at + 1])
+        view = pin(fixed[at + 1])
+        launch.fds.append(view)
+        launch.held.append(os.dup(view))  # the flock stays once bwrap closed its copy
+        fixed[at:at + 2] = ["--ro-bind-fd", str(view)]
     return fixed
 
 

@@ -19,6 +19,13 @@ bwrap's `--info-fd` gives the host pid of the sandbox's init (its pid 1):
 init and cleared the init's death signal, while a SIGKILL to that init from
 outside ends its pid namespace, and everything in it, always.
 
+The fixed part's `/etc` is the agent's prepared view (etcview.py): the
+launch refreshes it when the host's changed, and binds the current view by
+a descriptor it holds, with a shared flock, until it is closed, so no
+rebuild removes it under the sandbox. A launch that watches the init sets
+the fixed part's `prlimit` limits itself, on the init while bwrap waits on
+`--block-fd`, and drops the `prlimit` exec.
+
 With limits (serve's `--limits`), a launch that someone waits on gets a
 cgroup of its own (cgroups.py), which the call is in before bwrap runs:
 the caller spawns inside `launch.spawning()` (in cgroup v1 its thread is in
@@ -147,9 +154,7 @@ class Launch:
 
     def close(self) -> None:
         self.handed_over()
-        if self.release_w is not None:  # never released: nothing waits, or it must not go on
-            if self.init_pid is not None:
-                _kill_quietly(self.init_pid)
+        if self.release_w is not None:  # never released: nothing was spawned (every spawner calls `init_pidfd`)
             os.close(self.release_w)
             self.release_w = None
         while self.held:
@@ -275,13 +280,6 @@ def _limits_without_exec(fixed: list[str], launch: Launch, part: list[str]) -> l
 
 
 _RLIMITS = {"--core": resource.RLIMIT_CORE, "--fsize": resource.RLIMIT_FSIZE, "--nproc": resource.RLIMIT_NPROC}
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[str, str]] = (),

@@ -5,7 +5,8 @@ sandbox file, the facts of this machine gathered once by `host_facts`), so
 tests read it. The per-call part (the write folders, opened through
 descriptors) is added by `launch.prepare` at each call, in serve and in the
 supervisor; `lnk-link-run sandbox` adds it too, so that it runs exactly what
-a call would.
+a call would. `/etc` is bound as one prepared view of its allow list
+(etcview.py), made here (`build`) and refreshed by each launch.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ NAMES = (
     "system-release", "terminfo", "timezone", "vim", "wgetrc", "xml",
 )
 PATTERNS = ("java-*", "python3*", "ImageMagick-*", "*-release")
-MASKS = ("ssl/private",)  # inside a folder allowed above: never copied
+MASKS = ("ssl/private", "pki/tls/private")  # the host's private keys, inside folders allowed above: never copied
 CHECK_EVERY = 1.0  # seconds between two looks at the host's entries
 _SKIPPED = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR)  # gone, unreadable, replaced
 
@@ -127,7 +127,7 @@ def _racy(found: Entries, looked_at: int) -> bool:
     """Whether an entry changed so close before the look that made a view
     that a second change in the same clock tick would not show in its
     times: such a view is made again once (git's "racy" files)."""
-    return any(info is not None and info.st_ctime_ns >= looked_at - RACY for _, info in found)
+    return any(info is not None and abs(info.st_ctime_ns - looked_at) <= RACY for _, info in found)
 
 
 def _stale(current: Print | None, made: bytes, found: Entries) -> bool:
@@ -165,7 +165,8 @@ def refresh(link: str) -> None:
     if time.time() - checked < CHECK_EVERY:
         return
     try:
-        os.utime(lock)  # the others need not look too
+        if checked:
+            os.utime(lock)  # the others need not look too
         current = _print_of(state)
         etc = current[1].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") if current else ETC
         found = entries(etc)

@@ -27,6 +27,9 @@ def stand_in(tmp_path: Path) -> Path:
     (etc / "ssl" / "certs" / "ca.pem").write_text("a certificate\n")
     (etc / "ssl" / "certs" / "hash.0").symlink_to("ca.pem")
     (etc / "ssl" / "openssl.cnf").write_text("[openssl]\n")
+    (etc / "pki" / "tls" / "private").mkdir(parents=True)  # where Fedora keeps the host's private keys
+    (etc / "pki" / "tls" / "private" / "localhost.key").write_text("private key\n")
+    (etc / "pki" / "tls" / "cert.pem").write_text("a certificate\n")
     (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (etc / "hostname").write_text("one\n")
     (etc / "hosts").write_text("127.0.0.1 localhost\n")
@@ -81,9 +84,9 @@ def test_the_view_holds_exactly_the_allowed_entries_with_their_modes(tmp_path):
     shown = tree(view_of(state))
     host = tree(etc)
     allowed = {"ssl", "ssl/certs", "ssl/certs/ca.pem", "ssl/certs/hash.0", "ssl/openssl.cnf", "passwd", "hostname",
-               "hosts", "localtime", "python3.11", "python3.11/sitecustomize.py"}
+               "hosts", "localtime", "python3.11", "python3.11/sitecustomize.py", "pki", "pki/tls", "pki/tls/cert.pem"}
     allowed |= {"ld.so.cache"} if (etc / "ld.so.cache").exists() else set()
-    assert set(shown) == allowed  # not ssl/private, shadow, ssh/ nor the fifo
+    assert set(shown) == allowed  # not ssl/private, pki/tls/private, shadow, ssh/ nor the fifo
     for name in allowed:
         assert shown[name] == host[name], name  # the same type, mode, text, or link target
     assert stat.S_IMODE(view_of(state).stat().st_mode) == stat.S_IMODE(etc.stat().st_mode)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Generator, Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
-from .sandboxing import sandbox
+from .sandboxing import hostfacts, sandbox
 from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
 from .sandboxing.launch import Sandbox, prepare
@@ -197,7 +197,7 @@ def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFil
     return settings
 
 
-def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, sandbox.Host | None]:
+def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, hostfacts.Host | None]:
     """This machine's bubblewrap and what the sandbox file asks of it; None once bubblewrap failed."""
     try:
         host = sandbox.host_facts()
@@ -215,7 +215,7 @@ def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, sandbo
 
 
 def _sandbox_starts(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
-                    host: sandbox.Host) -> Generator[Check, None, sandbox.Programs | None]:
+                    host: hostfacts.Host) -> Generator[Check, None, sandbox.Programs | None]:
     """The agent's own sandbox, started once; the programs it keeps, or None once it failed."""
     from .sandboxing import seccomp
 
@@ -247,8 +247,8 @@ def _program_checks(kept: sandbox.Programs) -> Iterator[Check]:
             f"list {where} in [commands] allow to show its folder"
 
 
-def _fork_brake_check(host: sandbox.Host) -> Check:
-    count, margin = sandbox.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
+def _fork_brake_check(host: hostfacts.Host) -> Check:
+    count, margin = hostfacts.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
         return "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
             "run the agent as an ordinary user"

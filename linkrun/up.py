@@ -17,7 +17,7 @@ from . import agent as agent_folder
 from . import doctor
 from .detached import filing, records
 from .network import internet
-from .sandboxing import sandbox, seccomp
+from .sandboxing import hostfacts, sandbox, seccomp
 from .messages.address import parse_address
 from .config import Flags, WayInFlags, parse_duration, parse_size, split_flags, way_in_flags
 from .errors import LinkRunError, UsageError
@@ -102,7 +102,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], docto
     pending = doctor.start_probe(fixed, folder, write, filter_path)
     _prepare_internet(folder, settings, route, way_in)
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
-             "--programs-path", sandbox.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
+             "--programs-path", hostfacts.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
     serve += [flag for program in kept.kept for flag in ("--program", program)]
     serve += [flag for folder_ in write for flag in ("--write", folder_)]
     if filter_path:

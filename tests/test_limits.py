@@ -131,7 +131,7 @@ def serve_pid(up: Up) -> int:
 
 def test_the_limits_of_the_sandbox_file_are_checked_and_resolved_against_the_machine():
     parsed = sandbox.parse({"limits": {"memory": "25%", "tasks": 64, "cpu": "150%"}}, "f")
-    host = sandbox.Host(bwrap="b", prlimit="p", disable_userns=True, root=(), etc=(), masks=(), nproc=1,
+    host = sandbox.Host(bwrap="b", prlimit="p", disable_userns=True, root=(), nproc=1,
                         fsize_max=None, memory_total=8 * 1024 * MIB, cpus=4)
     assert sandbox.call_limits(parsed, host) == cgroups.Limits(2 * 1024 * MIB, 64, 150)
     assert sandbox.call_limits(sandbox.parse({"limits": {"memory": "4G"}}, "f"), host) == \

@@ -32,8 +32,7 @@ def box(tmp_path) -> Agent:
 
 def fake_host(**changes) -> sandbox.Host:
     facts = dict(bwrap="/usr/bin/bwrap", prlimit="/usr/bin/prlimit", disable_userns=True,
-                 root=(("/bin", "usr/bin"), ("/lib", "usr/lib")), etc=(("/etc/passwd", None),),
-                 masks=(), nproc=5000, fsize_max=None)
+                 root=(("/bin", "usr/bin"), ("/lib", "usr/lib")), nproc=5000, fsize_max=None)
     facts.update(changes)
     return sandbox.Host(**facts)
 
@@ -90,8 +89,9 @@ def test_the_fixed_argv_has_the_limits_namespaces_and_read_only_system(tmp_path)
     assert f"--size {1024**3} --tmpfs /tmp" in text
     for path in (folder.files, folder.agent, folder.home):
         assert f"--ro-bind {path} {path}" in text
-    for absent in (folder.state, folder.config):
-        assert absent not in text
+    # Of the state folder, only the /etc view's link, bound as /etc (a launch pins the view it names).
+    assert f"--ro-bind {folder.state}/etc.view /etc" in text
+    assert folder.config not in text and folder.state not in text.replace(f"{folder.state}/etc.view /etc", "")
     assert "--bind " not in text  # the write folders come per call, by descriptor
     assert argv[-1] != "--"  # serve appends the per-call part, then the --
 

@@ -81,6 +81,9 @@ PROXY_LOCK = "proxy.lock"  # held by the one running proxy
 PROXY_USERS = "proxy.users"  # shared by each serve and supervisor that needs the proxy
 PROXY_LOG = "proxy.log"  # the proxy's stderr
 PROXY_REFUSED = "proxy-refused.log"  # the latest refused connections (and `.old`)
+ETC_VIEWS = "etc"  # a subfolder: the sandbox's prepared /etc views (etcview.py), each beside its `.print`
+ETC_VIEW = "etc.view"  # a link to the current view in ETC_VIEWS, bound read-only as each sandbox's /etc
+ETC_LOCK = "etc.lock"  # held by whoever rebuilds the view; its mtime: when the host's /etc was last looked at
 
 # In the files folder (the agent reads them; no sandbox writes them):
 BACKGROUND = "background"  # the folder of the output files, made with mkdirat, never a link

@@ -175,34 +175,9 @@ class Supervisor:
             return self.finish(State.FAILED_TO_START, None, None)
         assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
 
-        # 4. The record names the group before anything runs.
-        record.update(
-            state=State.RUNNING, group=self.gate.pid, leader_pid=self.gate.pid,
-            leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
-            inode=self.output.inode, kept_from=0, bytes=0,
-            cgroup=self.leader.cgroup.as_record() if self.leader.cgroup is not None else None,
-        )
-        self.save(record)  # on a full state folder, the program waits for room to record it
-        if os.path.exists(self.stop_path):
-            os.close(self.control)  # the gate reads EOF and exits: nothing ran
-            self.gate.wait()
-            self.leader.close()
-            self.launch.close()
-            self.end_cgroup()
-            return self.finish(self.stop_state(), None, None)
-        os.write(self.control, b"G")
-        os.close(self.control)
-        self.began = boottime()
-        # The sandbox is ended through its init, and a sweep finds it in the record if we die.
-        self.leader.sandbox_init = self.launch.init_pidfd()
-        if self.launch.no_internet:
-            self.log(f"no internet for this command: {self.launch.no_internet}")
-        if self.launch.init_pid is not None:  # found with its pidfd
-            record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
-            try:
-                records.write(self.state, self.id, record)
-            except OSError as problem:  # the pipe must not wait: the next write of the record carries it
-                self.log(f"cannot record the sandbox's init yet: {problem}")
+        ended = self.go(record)
+        if ended is not None:
+            return ended
         self.watching.start()  # only now: its imports would compete with the steps above
         try:
             return self.loop()
@@ -215,6 +190,52 @@ class Supervisor:
             self.gate.wait()
             self.end_cgroup()
             return self.finish(State.LOST, None, None)
+
+    def go(self, record: dict) -> int | None:
+        """Steps 4 and 5: the record names the group, then `G` lets the program
+        run and the sandbox's init is recorded. An exit code when it ended
+        before anything ran (a stop came first, or its limits could not be set)."""
+        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
+        assert self.output is not None  # step 2 made it
+        # 4. The record names the group before anything runs.
+        record.update(
+            state=State.RUNNING, group=self.gate.pid, leader_pid=self.gate.pid,
+            leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
+            inode=self.output.inode, kept_from=0, bytes=0,
+            cgroup=self.leader.cgroup.as_record() if self.leader.cgroup is not None else None,
+        )
+        self.save(record)  # on a full state folder, the program waits for room to record it
+        if os.path.exists(self.stop_path):
+            os.close(self.control)  # the gate reads EOF and exits: nothing ran
+            return self.nothing_ran(self.stop_state())
+        os.write(self.control, b"G")
+        os.close(self.control)
+        self.began = boottime()
+        # The sandbox is ended through its init, and a sweep finds it in the record if we die.
+        try:
+            self.leader.sandbox_init = self.launch.init_pidfd()
+        except LinkRunError as problem:  # the program's limits could not be set: its init is killed
+            self.log(f"nothing ran: {problem}")
+            self.leader.kill()
+            return self.nothing_ran(State.FAILED_TO_START)
+        if self.launch.no_internet:
+            self.log(f"no internet for this command: {self.launch.no_internet}")
+        if self.launch.init_pid is not None:  # found with its pidfd
+            record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
+            try:
+                records.write(self.state, self.id, record)
+            except OSError as problem:  # the pipe must not wait: the next write of the record carries it
+                self.log(f"cannot record the sandbox's init yet: {problem}")
+        return None
+
+    def nothing_ran(self, state: str) -> int:
+        """The gate ended before the program ran: wait for it, close what step 3 opened, finish."""
+        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
+        self.gate.wait()
+        self.leader.close()
+        self.launch.close()
+        self.end_cgroup()
+        return self.finish(state, None, None)
 
     # -- step 2 ---------------------------------------------------------------
 

@@ -24,6 +24,13 @@ bwrap's `--info-fd` gives the host pid of the sandbox's init (its pid 1):
 init and cleared the init's death signal, while a SIGKILL to that init from
 outside ends its pid namespace, and everything in it, always.
 
+The fixed part's `/etc` is the agent's prepared view (etcview.py): the
+launch refreshes it when the host's changed, and binds the current view by
+a descriptor it holds, with a shared flock, until it is closed, so no
+rebuild removes it under the sandbox. A launch that watches the init sets
+the fixed part's `prlimit` limits itself, on the init while bwrap waits on
+`--block-fd`, and drops the `prlimit` exec.
+
 With limits (serve's `--limits`), a launch that someone waits on gets a
 cgroup of its own (cgroups.py), which the call is in before bwrap runs:
 the caller spawns inside `launch.spawning()` (in cgroup v1 its thread is in
@@ -39,6 +46,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -80,8 +89,10 @@ class Launch:
     info_r: int | None = None  # our end of bwrap's --info-fd (bwrap's end is among `fds`)
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
     group: Group | None = None  # the launch's cgroup, until the caller takes it
+    held: list[int] = field(default_factory=list)  # kept until `close()`: the pinned /etc view
+    rlimits: tuple[tuple[int, int], ...] = ()  # set on the sandbox's init while bwrap holds the program
     proxy_dir: str | None = None  # with the internet: the proxy that listens inside
-    block_w: int | None = None  # holds the program (bwrap's --block-fd) until the proxy listens inside
+    block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
 
     def __enter__(self) -> Launch:
@@ -110,20 +121,40 @@ class Launch:
             return None
         pidfd, self.init_pid = _init_pidfd(self.info_r)
         if self.block_w is not None:
-            self._open_internet(pidfd)
+            self._before_program(pidfd)
         return pidfd
 
-    def _open_internet(self, pidfd: int | None) -> None:
-        """The proxy listening inside, then the program let go (on failure too: it runs without)."""
-        from ..network.internet import hand_over  # only a launch with the internet pays for it
+    def _before_program(self, pidfd: int | None) -> None:
+        """While bwrap holds the program (--block-fd): the limits set on the
+        sandbox's init, which the program inherits, and with the internet the
+        proxy listening inside; then the program let go. Raises LinkRunError,
+        the init killed, when the limits cannot be set: nothing runs without
+        them. A failed hand-over lets the program run without the internet."""
+        try:
+            if pidfd is None or self.init_pid is None:
+                return  # bwrap ended before its init: nothing waits
+            self._set_limits(pidfd, self.init_pid)
+            if self.proxy_dir is not None:
+                from ..network.internet import hand_over  # only a launch with the internet pays for it
 
-        if pidfd is not None and self.proxy_dir is not None and self.init_pid is not None:
-            self.no_internet = hand_over(self.proxy_dir, pidfd, self.init_pid)
-        self._let_go()
+                self.no_internet = hand_over(self.proxy_dir, pidfd, self.init_pid)
+        finally:
+            self._let_go()
+
+    def _set_limits(self, pidfd: int, init_pid: int) -> None:
+        try:
+            for which, value in self.rlimits:
+                resource.prlimit(init_pid, which, (value, value))
+        except OSError as error:
+            from ..errors import LinkRunError
+
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            raise LinkRunError(f"cannot set the sandbox's limits on its init: {error.strerror}",
+                               "run lnk-link-run doctor; report this as a bug") from None
 
     def _let_go(self) -> None:
         if self.block_w is not None:
-            os.close(self.block_w)  # bwrap reads end of file, and runs the program
+            os.close(self.block_w)  # bwrap reads end of file, and runs the program (or finds it killed)
             self.block_w = None
 
     def spawning(self) -> contextlib.AbstractContextManager:
@@ -141,6 +172,8 @@ class Launch:
     def close(self) -> None:
         self.handed_over()
         self._let_go()
+        while self.held:
+            os.close(self.held.pop())
         if self.info_r is not None:
             os.close(self.info_r)
             self.info_r = None
@@ -201,6 +234,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             os.close(fd)
     launch = Launch([], fds, env={})
     try:
+        fixed = _with_etc_view(list(sandbox.fixed), launch)
         if sandbox.seccomp is not None:
             try:
                 filter_fd = os.open(sandbox.seccomp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -215,21 +249,62 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             launch.info_r, info_w = os.pipe2(os.O_CLOEXEC)
             launch.fds.append(info_w)
             part += ["--info-fd", str(info_w)]
+            fixed = _limits_without_exec(fixed, launch, part)
             if sandbox.proxy_dir is not None:
-                part += _hold_for_internet(launch, sandbox.proxy_dir)
+                launch.proxy_dir = sandbox.proxy_dir
+                part += _hold_program(launch)
     except BaseException:
         launch.close()
         raise
-    launch.argv = list(sandbox.fixed) + part + ["--", *tail]
+    launch.argv = fixed + part + ["--", *tail]
     return launch
 
 
-def _hold_for_internet(launch: Launch, proxy_dir: str) -> list[str]:
-    """bwrap waits, before it runs the program, until `init_pidfd()` let it go."""
+def _hold_program(launch: Launch) -> list[str]:
+    """bwrap waits, before it runs the program, until `init_pidfd()` let it go (one pipe a launch)."""
+    if launch.block_w is not None:
+        return []
     block_r, launch.block_w = os.pipe2(os.O_CLOEXEC)
     launch.fds.append(block_r)
-    launch.proxy_dir = proxy_dir
     return ["--block-fd", str(block_r)]
+
+
+def _with_etc_view(fixed: list[str], launch: Launch) -> list[str]:
+    """The fixed part binding the current /etc view by a descriptor that the
+    launch holds until the sandbox ended (etcview.py), the view refreshed
+    first when the host's /etc changed; unchanged when it binds none."""
+    from ..detached.records import ETC_VIEW
+    from .etcview import ETC, pin, refresh
+
+    at = fixed.index(ETC) - 2 if ETC in fixed else -1
+    if at >= 0 and fixed[at] == "--ro-bind" and fixed[at + 1].endswith(f"/{ETC_VIEW}"):
+        refresh(fixed[at + 1])
+        view = pin(fixed[at + 1])
+        launch.fds.append(view)
+        launch.held.append(os.dup(view))  # the flock stays once bwrap closed its copy
+        fixed[at:at + 2] = ["--ro-bind-fd", str(view)]
+    return fixed
+
+
+def _limits_without_exec(fixed: list[str], launch: Launch, part: list[str]) -> list[str]:
+    """The fixed part without its `prlimit ... --` prefix, whose limits the
+    launch sets on the sandbox's init itself (`init_pidfd`): an exec fewer per
+    call. Unchanged when the prefix holds a flag not known here."""
+    if not fixed or os.path.basename(fixed[0]) != "prlimit" or "--" not in fixed:
+        return fixed
+    end = fixed.index("--")
+    rlimits = []
+    for flag in fixed[1:end]:
+        name, _, value = flag.partition("=")
+        if name not in _RLIMITS or not value.isdigit():
+            return fixed
+        rlimits.append((_RLIMITS[name], int(value)))
+    launch.rlimits = tuple(rlimits)
+    part += _hold_program(launch)
+    return fixed[end + 1:]
+
+
+_RLIMITS = {"--core": resource.RLIMIT_CORE, "--fsize": resource.RLIMIT_FSIZE, "--nproc": resource.RLIMIT_NPROC}
 
 
 def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[str, str]] = ()) -> list[str]:

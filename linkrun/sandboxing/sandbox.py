@@ -5,12 +5,12 @@ sandbox file, the facts of this machine gathered once by `host_facts`), so
 tests read it. The per-call part (the write folders, opened through
 descriptors) is added by `launch.prepare` at each call, in serve and in the
 supervisor; `lnk-link-run sandbox` adds it too, so that it runs exactly what
-a call would.
+a call would. `/etc` is bound as one prepared view of its allow list
+(etcview.py), made here (`build`) and refreshed by each launch.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import os
 import re
@@ -20,39 +20,22 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import agent as agent_folder
+from . import etcview
 from ..network import internet as internet_
 from ..config import Limits
 from ..config import parse_size, split_flags
 from ..errors import LinkRunError, UsageError
 from ..processes.group import kill_init
+from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, kernel_files_of_proc, memory_total, nproc_limit
 from .launch import Sandbox, prepare, program_argv
 from ..processes.programs import which
 
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Top-level system folders: on a merged-/usr system they are links into
-# /usr, replicated as links; elsewhere they are bound read-only.
-ROOT_FOLDERS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-# What programs need of /etc, and no more: /etc also holds the machine's
-# secrets (shadow, ssh host keys, ssl/private, network passwords), readable by
-# a program that runs as root, as it does when the user is root.
-ETC_NAMES = (
-    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "crypto-policies",
-    "debian_version", "ethertypes", "fonts", "gai.conf", "gitconfig", "group", "host.conf",
-    "hostname", "hosts", "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "locale.alias", "locale.conf", "localtime", "lsb-release", "magic", "magic.mime",
-    "mailcap", "manpath.config", "mime.types", "mtab", "nanorc", "networks", "npmrc",
-    "nsswitch.conf", "os-release", "passwd", "perl", "pip.conf", "pki", "profile",
-    "protocols", "redhat-release", "resolv.conf", "rpc", "services", "sgml", "shells", "ssl",
-    "system-release", "terminfo", "timezone", "vim", "wgetrc", "xml",
-)
-ETC_PATTERNS = ("java-*", "python3*", "ImageMagick-*", "*-release")
 # What every sandbox has of its own: a program's folder may lie below one, never be or hold one.
 SANDBOX_OWN = ("/tmp", "/var/tmp", "/dev", "/proc", "/run/lnk")
-ETC_MASKS = ("ssl/private",)  # inside a folder bound above: hidden under an empty tmpfs
 RESERVED = ("chats", "background")  # of the files folder: never writable
 
 
@@ -219,23 +202,6 @@ def _size(value: object, source: str, what: str) -> int:
         raise LinkRunError(f"{source}: {error.message}", error.hint) from None
 
 
-@dataclass(frozen=True)
-class Host:
-    """Facts of this machine the argv depends on, gathered once (at `up`)."""
-
-    bwrap: str
-    prlimit: str
-    disable_userns: bool  # bubblewrap ≥ 0.8 has --disable-userns
-    root: tuple[tuple[str, str | None], ...]  # (/bin, "usr/bin") a link; (/bin, None) a folder
-    etc: tuple[tuple[str, str | None], ...]  # the same, for the /etc entries bound
-    masks: tuple[str, ...]  # folders hidden under an empty tmpfs
-    nproc: int  # --nproc: the uid's current count of tasks plus a wide margin
-    fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
-    proc_read_only: tuple[str, ...] = ("/proc/sys",)  # the kernel's writable files in /proc, bound read-only
-    memory_total: int = 0  # bytes of memory this machine has
-    cpus: int = 1  # the cores this process may run on
-
-
 def find_system(name: str) -> str | None:
     return which(name, SYSTEM_PATH)
 
@@ -259,101 +225,21 @@ def host_facts() -> Host:
         bwrap=bwrap,
         prlimit=prlimit,
         disable_userns="--disable-userns" in help_text,
-        root=tuple(_entries("/", ROOT_FOLDERS)),
-        etc=tuple(_entries("/etc", [n for n in sorted(os.listdir("/etc")) if _etc_wanted(n)])),
-        masks=tuple(f"/etc/{m}" for m in ETC_MASKS if os.path.isdir(f"/etc/{m}")
-                    and not os.path.islink(f"/etc/{m}")),
+        root=tuple(entries("/", ROOT_FOLDERS)),
         nproc=nproc_limit(int(defaults()["limits"]["nproc_margin"])),
-        fsize_max=_hard_limit(resource.RLIMIT_FSIZE),
+        fsize_max=hard_limit(resource.RLIMIT_FSIZE),
         proc_read_only=kernel_files_of_proc(),
         memory_total=memory_total(),
         cpus=len(os.sched_getaffinity(0)),
     )
 
 
-def memory_total() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def kernel_files_of_proc(proc: str = "/proc") -> tuple[str, ...]:
-    """The top-level entries of /proc that hold a writable file and are not a
-    process's own: the kernel's settings (`sys/`), `sysrq-trigger`, `irq/`,
-    `bus/`, `mtrr`, `pressure/` and the like, as this kernel has them.
-
-    As root a sandbox runs as the host's uid 0, and much of /proc checks only
-    that uid and the mode bits, never a capability: `/proc/sys/kernel/core_pattern`
-    written inside runs a program on the host as real root. bwrap guards
-    these only where the folder itself is writable, which it never is, so the
-    sandbox binds each one read-only over its own /proc.
-    """
-    found = []
-    for entry in sorted(os.scandir(proc), key=lambda e: e.name):
-        if entry.name.isdigit() or entry.name in ("self", "thread-self") or entry.is_symlink():
-            continue
-        if entry.name == "sys" or _holds_writable(entry, depth=4):
-            found.append(entry.path)
-    return tuple(found)
-
-
-def _holds_writable(entry: os.DirEntry, depth: int) -> bool:
-    try:
-        if entry.stat(follow_symlinks=False).st_mode & 0o222 and not entry.is_dir(follow_symlinks=False):
-            return True
-        if depth == 0 or not entry.is_dir(follow_symlinks=False):
-            return False
-        with os.scandir(entry.path) as children:
-            return any(_holds_writable(child, depth - 1) for child in children)
-    except OSError:
-        return False
-
-
-def _etc_wanted(name: str) -> bool:
-    return name in ETC_NAMES or any(fnmatch.fnmatchcase(name, p) for p in ETC_PATTERNS)
-
-
-def _entries(top: str, names: Sequence[str]) -> Iterator[tuple[str, str | None]]:
-    for name in names:
-        path = os.path.join(top, name)
-        if os.path.islink(path):
-            yield path, os.readlink(path)
-        elif os.path.exists(path):
-            yield path, None
-
-
-def _hard_limit(which: int) -> int | None:
-    hard = resource.getrlimit(which)[1]
-    return None if hard == resource.RLIM_INFINITY else hard
-
-
-def count_tasks(uid: int) -> int:
-    """How many tasks (threads included: RLIMIT_NPROC counts them) the uid runs."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    count += len(os.listdir(f"/proc/{entry.name}/task"))
-            except OSError:
-                pass  # ended meanwhile
-    return count
-
-
-def nproc_limit(margin: int) -> int:
-    """The uid's current count plus the margin, never above the hard limit
-    (which prlimit could not raise: every call would fail)."""
-    wanted = count_tasks(os.getuid()) + margin
-    hard = _hard_limit(resource.RLIMIT_NPROC)
-    return wanted if hard is None else min(wanted, hard)
-
-
 def system_folders(host: Host) -> list[str]:
-    """The host folders the sandbox shows read-only as they are."""
+    """The host folders the sandbox shows read-only as they are (and /etc's
+    allowed folders, copied into its view)."""
+    etc = [f"{etcview.ETC}/{name}" for name in sorted(os.listdir(etcview.ETC)) if etcview.wanted(name)]
     return ["/usr"] + [path for path, target in host.root if target is None] + [
-        path for path, target in host.etc if target is None]
+        path for path in etc if os.path.isdir(path) and not os.path.islink(path)]
 
 
 def inside(path: str, folder: str) -> bool:
@@ -433,14 +319,15 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
              "--unshare-cgroup", "--unshare-net", "--die-with-parent", "--new-session"]
     binds = ["/usr"]
     argv += ["--ro-bind", "/usr", "/usr"]
-    for path, target in host.root + host.etc:
+    for path, target in host.root:
         if target is None:
             binds.append(path)
             argv += ["--ro-bind", path, path]
         else:
             argv += ["--symlink", target, path]
-    for path in host.masks:
-        argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    # /etc's allowed entries, copied into one folder (etcview.py): a launch
+    # binds the view it pins by a descriptor in place of this path.
+    argv += ["--ro-bind", etcview.link_of(folder.state), etcview.ETC]
     tmp = str(sandbox.tmp_size)
     argv += ["--proc", "/proc"]
     for path in host.proc_read_only:
@@ -484,6 +371,7 @@ def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mappi
     """What `up`, `doctor` and `sandbox` share: this machine's facts (read
     here unless given), the programs kept, and the fixed argv."""
     host = host if host is not None else host_facts()
+    etcview.ensure(folder.state)
     kept = programs(sandbox.allow, host, folder)
     places = agent_folder.protected(folder, keyring or agent_folder.default_keyring(environ), environ)
     return fixed_argv(folder, sandbox, host, kept.folders, places), kept, host

@@ -1,0 +1,103 @@
+"""Facts of this machine that the sandbox argv depends on, read once (at `up`)."""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Top-level system folders: on a merged-/usr system they are links into
+# /usr, replicated as links; elsewhere they are bound read-only.
+ROOT_FOLDERS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+@dataclass(frozen=True)
+class Host:
+    """Facts of this machine the argv depends on, gathered once (at `up`)."""
+
+    bwrap: str
+    prlimit: str
+    disable_userns: bool  # bubblewrap ≥ 0.8 has --disable-userns
+    root: tuple[tuple[str, str | None], ...]  # (/bin, "usr/bin") a link; (/bin, None) a folder
+    nproc: int  # --nproc: the uid's current count of tasks plus a wide margin
+    fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
+    proc_read_only: tuple[str, ...] = ("/proc/sys",)  # the kernel's writable files in /proc, bound read-only
+    memory_total: int = 0  # bytes of memory this machine has
+    cpus: int = 1  # the cores this process may run on
+
+
+def entries(top: str, names: Sequence[str]) -> Iterator[tuple[str, str | None]]:
+    for name in names:
+        path = os.path.join(top, name)
+        if os.path.islink(path):
+            yield path, os.readlink(path)
+        elif os.path.exists(path):
+            yield path, None
+
+
+def memory_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def kernel_files_of_proc(proc: str = "/proc") -> tuple[str, ...]:
+    """The top-level entries of /proc that hold a writable file and are not a
+    process's own: the kernel's settings (`sys/`), `sysrq-trigger`, `irq/`,
+    `bus/`, `mtrr`, `pressure/` and the like, as this kernel has them.
+
+    As root a sandbox runs as the host's uid 0, and much of /proc checks only
+    that uid and the mode bits, never a capability: `/proc/sys/kernel/core_pattern`
+    written inside runs a program on the host as real root. bwrap guards
+    these only where the folder itself is writable, which it never is, so the
+    sandbox binds each one read-only over its own /proc.
+    """
+    found = []
+    for entry in sorted(os.scandir(proc), key=lambda e: e.name):
+        if entry.name.isdigit() or entry.name in ("self", "thread-self") or entry.is_symlink():
+            continue
+        if entry.name == "sys" or _holds_writable(entry, depth=4):
+            found.append(entry.path)
+    return tuple(found)
+
+
+def _holds_writable(entry: os.DirEntry, depth: int) -> bool:
+    try:
+        if entry.stat(follow_symlinks=False).st_mode & 0o222 and not entry.is_dir(follow_symlinks=False):
+            return True
+        if depth == 0 or not entry.is_dir(follow_symlinks=False):
+            return False
+        with os.scandir(entry.path) as children:
+            return any(_holds_writable(child, depth - 1) for child in children)
+    except OSError:
+        return False
+
+
+def hard_limit(which: int) -> int | None:
+    hard = resource.getrlimit(which)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def count_tasks(uid: int) -> int:
+    """How many tasks (threads included: RLIMIT_NPROC counts them) the uid runs."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                pass  # ended meanwhile
+    return count
+
+
+def nproc_limit(margin: int) -> int:
+    """The uid's current count plus the margin, never above the hard limit
+    (which prlimit could not raise: every call would fail)."""
+    wanted = count_tasks(os.getuid()) + margin
+    hard = hard_limit(resource.RLIMIT_NPROC)
+    return wanted if hard is None else min(wanted, hard)

@@ -1,0 +1,169 @@
+"""The sandbox's /etc view (etcview.py): one prepared folder per agent,
+holding exactly the allow list's entries, refreshed when the host's change.
+
+The host's /etc is never modified: a stand-in folder plays it where a test
+changes a file, as the view takes its source folder as a parameter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from conftest import clean_env, serve_argv, require_sandbox, text_of, wait_for
+from up_harness import Up
+
+from linkrun import agent
+from linkrun.sandboxing import etcview, sandbox
+
+
+def stand_in(tmp_path: Path) -> Path:
+    """An /etc with allowed entries, entries the list leaves out, and a mask."""
+    etc = tmp_path / "etc"
+    (etc / "ssl" / "private").mkdir(parents=True)
+    (etc / "ssl" / "certs").mkdir()
+    (etc / "ssl" / "private" / "host.key").write_text("private key\n")
+    (etc / "ssl" / "certs" / "ca.pem").write_text("a certificate\n")
+    (etc / "ssl" / "certs" / "hash.0").symlink_to("ca.pem")
+    (etc / "ssl" / "openssl.cnf").write_text("[openssl]\n")
+    (etc / "pki" / "tls" / "private").mkdir(parents=True)  # where Fedora keeps the host's private keys
+    (etc / "pki" / "tls" / "private" / "localhost.key").write_text("private key\n")
+    (etc / "pki" / "tls" / "cert.pem").write_text("a certificate\n")
+    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (etc / "hostname").write_text("one\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost\n")
+    (etc / "hosts").chmod(0o600)
+    (etc / "localtime").symlink_to("/usr/share/zoneinfo/Etc/UTC")
+    (etc / "python3.11").mkdir()  # allowed by a pattern
+    (etc / "python3.11" / "sitecustomize.py").write_text("")
+    (etc / "python3.11").chmod(0o555)
+    (etc / "shadow").write_text("root:secret-hash:19000::::::\n")
+    (etc / "ssh").mkdir()
+    (etc / "ssh" / "ssh_host_ed25519_key").write_text("host key\n")
+    os.mkfifo(etc / "initctl")
+    if os.path.exists("/etc/ld.so.cache"):  # so the stand-in's programs start as fast as the host's
+        shutil.copyfile("/etc/ld.so.cache", etc / "ld.so.cache")
+    return etc
+
+
+def tree(top: Path) -> dict[str, tuple[int, str | None]]:
+    """Each entry below `top`: its mode (type included), and a link's target or a file's text."""
+    found = {}
+    for folder, folders, names in os.walk(top):
+        for name in folders + names:
+            path = Path(folder, name)
+            mode = path.lstat().st_mode
+            what = (os.readlink(path) if stat.S_ISLNK(mode) else
+                    path.read_bytes().hex()[:64] if stat.S_ISREG(mode) else None)
+            found[str(path.relative_to(top))] = (mode, what)
+    return found
+
+
+def view_of(state: Path) -> Path:
+    return Path(os.path.realpath(etcview.link_of(str(state))))
+
+
+def settled(state: Path, etc: Path) -> Path:
+    """The view once made again no more: a view made right after a change is
+    made once more at the next look (a second change in the same clock tick
+    would not show in the entries' times)."""
+    def same_twice() -> bool:
+        before = view_of(state)
+        etcview.ensure(str(state), str(etc))
+        return view_of(state) == before
+    etcview.ensure(str(state), str(etc))
+    wait_for(same_twice, timeout=10, interval=0.01, what="the view to settle")
+    return view_of(state)
+
+
+def test_the_view_holds_exactly_the_allowed_entries_with_their_modes(tmp_path):
+    etc, state = stand_in(tmp_path), tmp_path / "state"
+    state.mkdir()
+    etcview.ensure(str(state), str(etc))
+    shown = tree(view_of(state))
+    host = tree(etc)
+    allowed = {"ssl", "ssl/certs", "ssl/certs/ca.pem", "ssl/certs/hash.0", "ssl/openssl.cnf", "passwd", "hostname",
+               "hosts", "localtime", "python3.11", "python3.11/sitecustomize.py", "pki", "pki/tls", "pki/tls/cert.pem"}
+    allowed |= {"ld.so.cache"} if (etc / "ld.so.cache").exists() else set()
+    assert set(shown) == allowed  # not ssl/private, pki/tls/private, shadow, ssh/ nor the fifo
+    for name in allowed:
+        assert shown[name] == host[name], name  # the same type, mode, text, or link target
+    assert stat.S_IMODE(view_of(state).stat().st_mode) == stat.S_IMODE(etc.stat().st_mode)
+
+
+def test_a_view_is_made_again_only_when_an_entry_changed(tmp_path):
+    etc, state = stand_in(tmp_path), tmp_path / "state"
+    state.mkdir()
+    first = settled(state, etc)
+    (etc / "shadow").write_text("changed, and not shown\n")
+    (etc / "ssh" / "moved").write_text("")
+    (etc / "ssh" / "moved").rename(etc / "ssh" / "sshd_config")
+    etcview.ensure(str(state), str(etc))
+    assert view_of(state) == first
+    with open(etc / "ssl" / "certs" / "ca.pem", "a") as f:  # in place: the same inode
+        f.write("another certificate\n")
+    etcview.ensure(str(state), str(etc))
+    assert view_of(state) != first
+    (etc / "ssl" / "certs" / "hash.0").unlink()  # a link below the top: seen through its folder
+    (etc / "ssl" / "certs" / "hash.0").symlink_to("elsewhere.pem")
+    second = settled(state, etc)
+    assert os.readlink(second / "ssl" / "certs" / "hash.0") == "elsewhere.pem"
+    assert (view_of(state) / "ssl" / "certs" / "ca.pem").read_text() == "a certificate\nanother certificate\n"
+    assert sorted(os.listdir(state / "etc")) == sorted([view_of(state).name, f"{view_of(state).name}.print"])
+
+
+def test_a_view_a_sandbox_holds_is_kept_until_it_ends(tmp_path):
+    etc, state = stand_in(tmp_path), tmp_path / "state"
+    state.mkdir()
+    etcview.ensure(str(state), str(etc))
+    old = view_of(state)
+    held = etcview.pin(etcview.link_of(str(state)))
+    try:
+        (etc / "hostname").write_text("two\n")
+        etcview.ensure(str(state), str(etc))
+        assert view_of(state) != old
+        assert (old / "hostname").read_text() == "one\n"  # still whole under the sandbox showing it
+    finally:
+        os.close(held)
+    etcview.ensure(str(state), str(etc))
+    assert not old.exists() and sorted(os.listdir(state / "etc")) == sorted(
+        [view_of(state).name, f"{view_of(state).name}.print"])
+
+
+def serve_with_view(folder: agent.AgentFolder) -> list[str]:
+    """serve as `up` execs it, its fixed argv binding the agent's /etc view."""
+    fixed = sandbox.fixed_argv(folder, sandbox.load(None), sandbox.host_facts(), [], [])
+    return serve_argv(Path(folder.files), "--write", "work", programs=("cat",), sandbox=fixed)
+
+
+def test_a_change_of_a_host_file_reaches_the_next_call(tmp_path, servers):
+    require_sandbox()
+    etc = stand_in(tmp_path)
+    folder = agent.create(str(tmp_path / "agent"))
+    etcview.ensure(folder.state, str(etc))
+    server = servers(serve_with_view(folder), env=clean_env())
+    server.initialize()
+
+    def hostname() -> str:
+        result = server.call("command", {"program": "cat", "args": ["/etc/hostname"]})
+        assert not result.get("isError"), text_of(result)
+        return text_of(result)
+
+    assert "one" in hostname()
+    (etc / "hostname").write_text("two\n")
+    # The view is looked at once a second at most: a call after that shows the change.
+    wait_for(lambda: "two" in hostname(), timeout=30, interval=0.2, what="the changed hostname inside")
+    assert "two" in hostname()
+    assert "private key" not in text_of(server.call("command", {"program": "cat", "args": ["/etc/ssl/private/host.key"]}))
+    assert server.close() == 0
+
+
+def test_inside_etc_is_the_allow_list_as_root_and_as_a_user(up_as: Up):
+    text = up_as.python("import os; print('listed:', *sorted(os.listdir('/etc'))); "
+                        "print('found:', *[p for p in ('/etc/shadow', '/etc/ssl/private', '/etc/ssh') "
+                        "if os.path.lexists(p)])")
+    lines = {line.split(":")[0]: line.split()[1:] for line in text.splitlines() if line.startswith(("listed:", "found:"))}
+    assert lines["listed"] == sorted(name for name in os.listdir("/etc") if etcview.wanted(name)), text
+    assert lines["found"] == [], text

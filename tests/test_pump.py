@@ -72,7 +72,7 @@ def files(tmp_path: Path) -> Path:
     return tmp_path / "files"
 
 
-def test_a_rotation_leaves_the_kept_half_in_memory_not_forced_to_disk(files):
+def test_a_rotation_leaves_the_kept_half_in_memory_not_forced_to_disk(files: Path) -> None:
     # A rotation renamed the copy over the old file; on ext4 a rename over a
     # file writes the new one to disk at once, though the next rotation frees it.
     background = files / records.BACKGROUND
@@ -89,7 +89,7 @@ def test_a_rotation_leaves_the_kept_half_in_memory_not_forced_to_disk(files):
         output.finish()
 
 
-def test_rotations_leave_one_file_with_the_newest_bytes(files):
+def test_rotations_leave_one_file_with_the_newest_bytes(files: Path) -> None:
     output, rotations = pump_through(files, 5 * CAP + 123)
     output.finish()
     assert len(rotations) == 4
@@ -99,7 +99,7 @@ def test_rotations_leave_one_file_with_the_newest_bytes(files):
     assert os.stat(files / records.BACKGROUND / output.name).st_ino == rotations[-1]["inode"]
 
 
-def test_a_rotation_after_the_file_was_removed_by_hand_puts_the_kept_half_in_its_place(files):
+def test_a_rotation_after_the_file_was_removed_by_hand_puts_the_kept_half_in_its_place(files: Path) -> None:
     rotations: list[dict] = []
     output = OutputFile.create(str(files), records.new_id(), CAP, on_rotate=rotations.append)
     read_end, write_end = os.pipe2(os.O_CLOEXEC)

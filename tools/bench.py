@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import orjson
@@ -810,7 +811,7 @@ BARE_BWRAP = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-paren
 _together = None  # the pool's barrier: every client starts its loop at once
 
 
-def _join_pool(barrier) -> None:
+def _join_pool(barrier: Any) -> None:  # a multiprocess Barrier
     global _together
     _together = barrier
 
@@ -847,11 +848,20 @@ def bare_client(folder: str) -> list[float]:
     return times
 
 
+def memory_map_of(pid: int) -> tuple[str, ...]:
+    """Where a process's code and stack start and end: the same as its
+    parent's while it is a fork not yet exec'd, which shares (vfork) or
+    copies the parent's memory and must not be counted twice."""
+    with open(f"/proc/{pid}/stat") as f:
+        return tuple(f.read().rsplit(")", 1)[1].split()[23:26])
+
+
 def descendants_rss_mb(pid: int, depth: int = 0, below: int = 2) -> float:
     """The RSS of a process tree's members at least `below` levels under `pid` (in MB)."""
     total = 0.0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
+        own_map = memory_map_of(pid)
     except FileNotFoundError:
         return 0.0
     for task in tasks:
@@ -861,8 +871,11 @@ def descendants_rss_mb(pid: int, depth: int = 0, below: int = 2) -> float:
         except FileNotFoundError:
             continue
         for child in children:
-            if depth + 1 >= below:
-                total += status_kb(child, "VmRSS") / 1024 if os.path.exists(f"/proc/{child}") else 0.0
+            try:
+                if depth + 1 >= below and memory_map_of(child) != own_map:  # the same: not exec'd yet
+                    total += status_kb(child, "VmRSS") / 1024
+            except FileNotFoundError:
+                continue
             total += descendants_rss_mb(child, depth + 1, below)
     return total
 
@@ -891,7 +904,7 @@ def p99_ms(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=100)[98] * 1000
 
 
-def agents(files: str):
+def agents(files: str) -> None:
     print("agents: N agents at once, each its own up, each client calling `echo hi` in a loop")
     scratch = os.path.dirname(files)
     sleeps_at_once(files)

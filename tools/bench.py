@@ -3,6 +3,7 @@ each beside a baseline measured in the same run.
 
     tools/bench                 # every group
     tools/bench foundation      # one group
+    tools/bench --readme        # the groups of README's "how fast" table, and the table rewritten
 
 Medians over repeated runs; memory from /proc (VmRSS, VmHWM); CPU from
 /proc/<pid>/stat. Nothing here is a test: it prints figures, and a person
@@ -12,12 +13,15 @@ reads them against the issue's targets.
 from __future__ import annotations
 
 import os
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import orjson
@@ -91,6 +95,14 @@ class Server:
 def serve_argv(files: str, sandbox=("/usr/bin/env",)) -> list[str]:
     return SERVER + ["serve", "--files", files, "--programs-path", SYSTEM_PATH, "--timeout", "2m",
                      "--output", "16K", "--program", "*", "--"] + list(sandbox)
+
+
+FIGURES: dict[str, tuple[str, str]] = {}  # README's "how fast" rows measured in this run: name -> (figure, baseline)
+
+
+def figure(name: str, value: str, baseline: str) -> None:
+    """A row of README's "how fast" table (`--readme` writes those measured)."""
+    FIGURES[name] = (value, baseline)
 
 
 def row(name: str, value: str, target: str = "", baseline: str = ""):
@@ -190,12 +202,12 @@ def call(server: Server, request_id, name, arguments):
     return server.wait(request_id)[1]["result"]
 
 
-def wait_until(condition, timeout=30.0):
+def wait_until(condition, timeout=30.0, pause=0.0005):
     deadline = time.perf_counter() + timeout
     while not condition():
         if time.perf_counter() > deadline:
             raise TimeoutError("condition not reached")
-        time.sleep(0.0005)
+        time.sleep(pause)
     return time.perf_counter()
 
 
@@ -254,21 +266,12 @@ def background(files: str):
     row("stop → its group gone (median)", f"{median_ms(stops):.1f} ms", "target ≤ 100 ms")
     row("supervisor RSS while it runs (median)", f"{statistics.median(rss):.1f} MB", "target ≤ 20 MB")
 
-    # The pump, rotating at twice 16 MiB, against the same bytes written to a file by the shell.
-    t = time.perf_counter()
-    subprocess.run(["sh", "-c", f"head -c 1073741824 /dev/zero > {work}/direct.out"], check=True)
-    baseline = time.perf_counter() - t
-    os.unlink(f"{work}/direct.out")
-    t = time.perf_counter()
-    result = call(server, 200, "start", {"program": "head", "args": ["-c", "1073741824", "/dev/zero"]})
-    command_id = result["structuredContent"]["id"]
-    wait_until(lambda: (load_record(state, command_id) or {}).get("state") == "exited", timeout=120)
-    elapsed = time.perf_counter() - t
-    row("1 GiB through the pump, rotating at 32 MiB", f"{1024 / elapsed:.0f} MB/s", "target ≥ 500 MB/s",
-        f"head > file: {1024 / baseline:.0f} MB/s ({baseline / elapsed:.2f}×)")
     server.close()
+    pump(files)
     if os.path.isdir("/dev/shm"):
-        pump_in_memory()
+        with tempfile.TemporaryDirectory(prefix="linkrun-bench-", dir="/dev/shm") as memory:
+            os.makedirs(os.path.join(memory, "files", "work"))
+            pump(os.path.join(memory, "files"), "  in tmpfs, ")
 
     # read: 64 KiB at random offsets of a 16 MiB output.
     argv = background_argv(files, state)
@@ -297,33 +300,116 @@ def background(files: str):
     subprocess.run(SERVER + ["remove", "--state", state], check=True)
 
 
-def pump_in_memory():
-    """The pump again with the files folder in memory (tmpfs): the pump's own
-    speed, apart from the disk's."""
-    scratch = tempfile.mkdtemp(prefix="linkrun-bench-", dir="/dev/shm")
-    try:
-        files, state = os.path.join(scratch, "files"), os.path.join(scratch, "state")
-        os.makedirs(os.path.join(files, "work"))
-        t = time.perf_counter()
-        subprocess.run(["sh", "-c", f"head -c 1073741824 /dev/zero > {files}/work/direct.out"], check=True)
-        baseline = time.perf_counter() - t
-        os.unlink(f"{files}/work/direct.out")
-        server = Server(background_argv(files, state))
+PUMP_BYTES = 1 << 30
+KEPT = 16 << 20  # the default --background-output: the file rotates at twice it
+
+
+def pump(files: str, where: str = "") -> None:
+    """The pump's MB/s against its floor on the same disk, interleaved over
+    rounds: plain writing while under the cap (`head -c > file`), and with
+    rotation the same bytes plus the copies each rotation makes. The pump's
+    time is a command's start-to-end less that of an empty one, so the
+    supervisor's own start is not counted."""
+    scratch = os.path.dirname(files)
+    servers = {}
+    for label, kept in (("plain", 2 * PUMP_BYTES), ("rotating", KEPT)):
+        state = tempfile.mkdtemp(prefix="state-", dir=scratch)
+        server = Server(background_argv(files, state, output=str(kept)))
         server.send(INIT)
         server.wait(0)
-        t = time.perf_counter()
-        result = call(server, 1, "start", {"program": "head", "args": ["-c", "1073741824", "/dev/zero"]})
-        command_id = result["structuredContent"]["id"]
-        wait_until(lambda: (load_record(state, command_id) or {}).get("state") == "exited", timeout=120)
-        elapsed = time.perf_counter() - t
+        servers[label] = (server, state)
+    floors = {"plain": lambda: write_floor(files, PUMP_BYTES), "rotating": lambda: rotation_floor(files, PUMP_BYTES, KEPT)}
+    times: dict[str, list[float]] = {"plain": [], "rotating": []}
+    floor_times: dict[str, list[float]] = {"plain": [], "rotating": []}
+    for round_ in range(3):
+        for label, (server, state) in servers.items():
+            floor_times[label].append(floors[label]())
+            empty = run_to_end(server, state, files, 10 * round_ + 1, 0)
+            times[label].append(run_to_end(server, state, files, 10 * round_ + 2, PUMP_BYTES) - empty)
+    for server, state in servers.values():
         server.close()
-        row("  the same, files folder in memory (tmpfs)", f"{1024 / elapsed:.0f} MB/s", "target ≥ 500 MB/s",
-            f"head > file there: {1024 / baseline:.0f} MB/s ({baseline / elapsed:.2f}×)")
         subprocess.run(SERVER + ["remove", "--state", state], check=True)
-    finally:
-        import shutil
+    mib = PUMP_BYTES / 2**20
+    for label, name, floor_name in (
+        ("plain", f"{mib:.0f} MiB pumped, under its cap", "`head -c > file`"),
+        ("rotating", f"{mib:.0f} MiB pumped, rotating at 2 × {KEPT >> 20} MiB",
+         f"the same written and freed, plus {rotations(PUMP_BYTES, KEPT)} copies of {KEPT >> 20} MiB"),
+    ):
+        seconds, floor = statistics.median(times[label]), statistics.median(floor_times[label])
+        rate, floor_rate = PUMP_BYTES / seconds / 1e6, PUMP_BYTES / floor / 1e6
+        row(f"{where}{name}", f"{rate:.0f} MB/s", "target ≥ 0.8× floor",
+            f"floor, {floor_name}: {floor_rate:.0f} MB/s ({floor / seconds:.2f}×)")
+        if not where:
+            figure(f"a background command's output, {name[len(f'{mib:.0f} MiB pumped, '):]}",
+                   f"{rate:.0f} MB/s ({floor / seconds:.2f}×)", f"{floor_name}: {floor_rate:.0f} MB/s")
 
-        shutil.rmtree(scratch, ignore_errors=True)
+
+def run_to_end(server: Server, state: str, files: str, request_id: int, size: int) -> float:
+    """Seconds from `start` of `head -c size /dev/zero` to its supervisor's
+    exit; its output file is removed after, so that no round's writeback
+    falls on the next.
+
+    The supervisor's exit is waited for on a pidfd: polling the record while
+    the pump runs would wake the supervisor's watch of the state folder at
+    each look, and slow what is measured."""
+    t = time.perf_counter()
+    result = call(server, request_id, "start", {"program": "head", "args": ["-c", str(size), "/dev/zero"]})
+    command_id = result["structuredContent"]["id"]
+    wait_until(lambda: "leader_pid" in (load_record(state, command_id) or {}), pause=0.002)
+    try:
+        with open(f"/proc/{load_record(state, command_id)['leader_pid']}/stat") as f:
+            supervisor = os.pidfd_open(int(f.read().rsplit(")", 1)[1].split()[1]))
+    except (FileNotFoundError, ProcessLookupError):
+        supervisor = None  # the gate, or the supervisor, is gone already
+    if supervisor is not None:
+        select.select([supervisor], [], [], 300)
+        os.close(supervisor)
+    wait_until(lambda: (load_record(state, command_id) or {}).get("state") == "exited", pause=0.002)
+    elapsed = time.perf_counter() - t
+    os.unlink(os.path.join(files, "background", command_id + ".out"))
+    return elapsed
+
+
+def rotations(size: int, kept: int) -> int:
+    """How many times a file rotating at twice `kept` is cut while `size` bytes go in."""
+    return max(0, size // kept - 1)
+
+
+def write_floor(files: str, size: int) -> float:
+    path = os.path.join(files, "work", "floor.out")
+    t = time.perf_counter()
+    subprocess.run(["sh", "-c", 'head -c "$1" /dev/zero > "$2"', "sh", str(size), path], check=True)
+    elapsed = time.perf_counter() - t
+    os.unlink(path)
+    return elapsed
+
+
+def rotation_floor(files: str, size: int, kept: int) -> float:
+    """The bytes written then freed, and each rotation's copy of the kept
+    half into a new file, the one before it freed (no rename over a file,
+    which ext4 follows with a write to disk)."""
+    work = os.path.join(files, "work")
+    source = os.path.join(work, "floor.full")
+    copies = (os.path.join(work, "floor.kept.0"), os.path.join(work, "floor.kept.1"))
+    subprocess.run(["sh", "-c", 'head -c "$1" /dev/zero > "$2"', "sh", str(2 * kept), source], check=True)
+    source_fd = os.open(source, os.O_RDONLY)
+    t = time.perf_counter()
+    subprocess.run(["sh", "-c", 'head -c "$1" /dev/zero > "$2" && rm "$2"', "sh", str(size),
+                    os.path.join(work, "floor.out")], check=True)
+    for index in range(rotations(size, kept)):
+        fd = os.open(copies[index % 2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        copied = 0
+        while copied < kept:
+            copied += os.copy_file_range(source_fd, fd, kept - copied, kept + copied)
+        os.close(fd)
+        if index:
+            os.unlink(copies[1 - index % 2])
+    elapsed = time.perf_counter() - t
+    os.close(source_fd)
+    for path in (source, *copies):
+        if os.path.exists(path):
+            os.unlink(path)
+    return elapsed
 
 
 def told(files: str):
@@ -727,15 +813,174 @@ def faults(files: str):
     subprocess.run(SERVER + ["remove", "--state", state], check=True, stderr=subprocess.DEVNULL)
 
 
+AGENT_COUNTS = (1, 2, 4, 8)
+CALLS_EACH = 40  # per client and round
+ECHO = {"program": "sh", "args": ["-c", "echo hi"]}
+BARE_BWRAP = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--new-session",
+              "--dev", "/dev", "--proc", "/proc", "--"]
+_together = None  # the pool's barrier: every client starts its loop at once
+
+
+def _join_pool(barrier: Any) -> None:  # a multiprocess Barrier
+    global _together
+    _together = barrier
+
+
+def up_client(folder: str) -> list[float]:
+    """One agent: its own `up` in its own folder, then calls of `echo hi` in a loop (seconds each)."""
+    server = Server(SERVER + ["up", "--agent", folder])
+    server.send(INIT)
+    server.wait(0)
+    server.call(1, ECHO)  # the first call pays for what is loaded once
+    server.wait(1)
+    _together.wait()
+    times = []
+    for request_id in range(2, 2 + CALLS_EACH):
+        t = time.perf_counter()
+        server.call(request_id, ECHO)
+        answer = server.wait(request_id)[1]
+        times.append(time.perf_counter() - t)
+        if answer["result"].get("isError"):
+            raise RuntimeError(f"a call through up failed: {answer['result']}")
+    server.close()
+    return times
+
+
+def bare_client(folder: str) -> list[float]:
+    """The same loop, each call a bare bwrap of `sh -c 'echo hi'`, its output read."""
+    argv = [*BARE_BWRAP, "sh", *ECHO["args"]]
+    _together.wait()
+    times = []
+    for _ in range(CALLS_EACH):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.PIPE, env={"PATH": SYSTEM_PATH})
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def memory_map_of(pid: int) -> tuple[str, ...]:
+    """Where a process's code and stack start and end: the same as its
+    parent's while it is a fork not yet exec'd, which shares (vfork) or
+    copies the parent's memory and must not be counted twice."""
+    with open(f"/proc/{pid}/stat") as f:
+        return tuple(f.read().rsplit(")", 1)[1].split()[23:26])
+
+
+def descendants_rss_mb(pid: int, depth: int = 0, below: int = 2) -> float:
+    """The RSS of a process tree's members at least `below` levels under `pid` (in MB)."""
+    total = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        own_map = memory_map_of(pid)
+    except FileNotFoundError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = [int(child) for child in f.read().split()]
+        except FileNotFoundError:
+            continue
+        for child in children:
+            try:
+                if depth + 1 >= below and memory_map_of(child) != own_map:  # the same: not exec'd yet
+                    total += status_kb(child, "VmRSS") / 1024
+            except FileNotFoundError:
+                continue
+            total += descendants_rss_mb(child, depth + 1, below)
+    return total
+
+
+def run_clients(client: Callable[[str], list[float]], folders: list[str]) -> tuple[list[float], float]:
+    """Every folder's client at once, each in a worker process of a pool: the
+    calls' seconds, and the peak RSS of what the workers run (servers,
+    sandboxes, bwraps; the workers themselves left out)."""
+    import multiprocess
+
+    barrier = multiprocess.Barrier(len(folders))
+    with multiprocess.Pool(len(folders), initializer=_join_pool, initargs=(barrier,)) as pool:
+        pending = pool.map_async(client, folders)
+        peak = 0.0
+        while not pending.ready():
+            try:
+                peak = max(peak, descendants_rss_mb(os.getpid()))
+            except (OSError, ValueError):
+                pass  # a process ended while it was read
+            pending.wait(0.02)
+        times = [seconds for each in pending.get() for seconds in each]
+    return times, peak
+
+
+def p99_ms(samples: list[float]) -> float:
+    return statistics.quantiles(samples, n=100)[98] * 1000
+
+
+def agents(files: str) -> None:
+    print("agents: N agents at once, each its own up, each client calling `echo hi` in a loop")
+    scratch = os.path.dirname(files)
+    sleeps_at_once(files)
+    print(f"  {'agents':>6}   {'up: median':>10} {'p99':>9} {'RSS':>8}   "
+          f"{'bare bwraps: median':>19} {'p99':>9} {'RSS':>8}   {'medians':>7}")
+    for count in AGENT_COUNTS:
+        folders = [os.path.join(scratch, f"agents-{count}", f"agent-{index}") for index in range(count)]
+        through, bare, up_rss, bare_rss = [], [], 0.0, 0.0
+        for _ in range(2):  # alternated, so that the machine's drift falls on both
+            times, peak = run_clients(up_client, folders)
+            through, up_rss = through + times, max(up_rss, peak)
+            times, peak = run_clients(bare_client, folders)
+            bare, bare_rss = bare + times, max(bare_rss, peak)
+        ratio = median_ms(through) / median_ms(bare)
+        print(f"  {count:>6}   {median_ms(through):>7.1f} ms {p99_ms(through):>6.1f} ms {up_rss:>5.0f} MB   "
+              f"{median_ms(bare):>16.1f} ms {p99_ms(bare):>6.1f} ms {bare_rss:>5.0f} MB   {ratio:>6.2f}×")
+        if count in (1, AGENT_COUNTS[-1]):
+            figure(f"`echo hi` through up, {count} agent{'s' if count > 1 else ''} at once (median, p99; RSS)",
+                   f"{median_ms(through):.1f} ms, {p99_ms(through):.1f} ms; {up_rss:.0f} MB",
+                   f"{count} bare bwrap{'s' if count > 1 else ''}: {median_ms(bare):.1f} ms, "
+                   f"{p99_ms(bare):.1f} ms; {bare_rss:.0f} MB")
+
+
+def sleeps_at_once(files: str, rounds: int = 3) -> None:
+    """20 × `sleep 0.5` sent at once through up, against the same through
+    serve with the pass-through sandbox, interleaved."""
+    scratch = os.path.dirname(files)
+    servers = {"up": Server(SERVER + ["up", "--agent", os.path.join(scratch, "agent-sleeps")]),
+               "serve": Server(serve_argv(files))}
+    for server in servers.values():
+        server.send(INIT)
+        server.wait(0)
+    times: dict[str, list[float]] = {"up": [], "serve": []}
+    for round_ in range(rounds):
+        for label, server in servers.items():
+            ids = range(100 * round_ + 1, 100 * round_ + 21)
+            t = time.perf_counter()
+            for request_id in ids:
+                server.call(request_id, {"program": "sh", "args": ["-c", "sleep 0.5"]})
+            for request_id in ids:
+                if server.wait(request_id)[1]["result"].get("isError"):
+                    raise RuntimeError(f"a sleep through {label} failed")
+            times[label].append(time.perf_counter() - t)
+    for server in servers.values():
+        server.close()
+    up, serve = statistics.median(times["up"]), statistics.median(times["serve"])
+    row("20 × `sleep 0.5` at once through up: all answered", f"{up:.3f} s", "target ≤ 0.6 s",
+        f"through serve, pass-through sandbox: {serve:.3f} s; one sleep: 0.5 s")
+    figure("20 × `sleep 0.5` at once through up", f"{up:.3f} s", f"pass-through sandbox: {serve:.3f} s; 0.5 s")
+
+
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
-          "proxy": proxy_group, "faults": faults}
+          "proxy": proxy_group, "faults": faults, "agents": agents}
+
+
+README_GROUPS = ("background", "agents")  # the groups whose figures README's table shows
+README_START, README_END = "<!-- bench: how fast -->", "<!-- bench: end -->"
 
 
 def main(argv: list[str]) -> int:
-    chosen = argv or list(GROUPS)
+    readme = "--readme" in argv
+    chosen = [name for name in argv if name != "--readme"] or list(README_GROUPS if readme else GROUPS)
     for name in chosen:
         if name not in GROUPS:
-            print(f"unknown group {name!r}; groups: {', '.join(GROUPS)}", file=sys.stderr)
+            print(f"unknown group {name!r}; groups: {', '.join(GROUPS)} (and --readme, to write README's "
+                  f"figures)", file=sys.stderr)
             return 2
     print(f"Link Run benchmarks · {os.cpu_count()} cores · Python {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory(prefix="linkrun-bench-", ignore_cleanup_errors=True) as scratch:
@@ -743,7 +988,31 @@ def main(argv: list[str]) -> int:
         os.makedirs(os.path.join(files, "work"))
         for name in chosen:
             GROUPS[name](files)
+    if readme:
+        write_readme(REPO / "README.md", FIGURES)
+        print(f"README.md: {len(FIGURES)} figures written")
     return 0
+
+
+def write_readme(path: Path, figures: dict[str, tuple[str, str]]) -> None:
+    """Rewrite the table between README's two markers: the rows measured now,
+    and those of groups not run this time as they were."""
+    text = path.read_text()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{path} has no {README_START} … {README_END} markers: put them where the table goes")
+    head, rest = text.split(README_START, 1)
+    table, tail = rest.split(README_END, 1)
+    rows = {}
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] not in ("figure", "---"):
+            rows[cells[0]] = (cells[1], cells[2])
+    rows.update(figures)
+    lines = ["", f"Measured by `tools/bench --readme` ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the "
+             "end); each baseline in the same run.",
+             "", "| figure | Link Run | baseline |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {baseline} |" for name, (value, baseline) in rows.items()]
+    path.write_text(head + README_START + "\n".join(lines) + "\n" + README_END + tail)
 
 
 if __name__ == "__main__":

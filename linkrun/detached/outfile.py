@@ -232,7 +232,7 @@ class OutputFile:
             inode = os.fstat(new_fd).st_ino
             self.on_rotate({"inode": inode, "kept_from": kept_from, "prev_inode": self.inode,  # (c)
                             "prev_kept_from": self.kept_from, "dropped": self.dropped})
-            os.rename(next_name, self.name, src_dir_fd=self.folder_fd, dst_dir_fd=self.folder_fd)  # (d)
+            swapped = _take_place(next_name, self.name, self.folder_fd)  # (d)
         except BaseException as error:
             os.close(new_fd)
             _unlink(next_name, self.folder_fd)
@@ -240,6 +240,11 @@ class OutputFile:
                 raise
             self.log(f"cannot rotate the output file: {error}")
             return False
+        if swapped:
+            try:
+                _unlink(next_name, self.folder_fd)  # the old file, swapped out; else the next (a) removes it
+            except OSError as error:
+                self.log(f"cannot remove the old output file: {error}")
         os.close(self.fd)  # (e)
         self.fd, self.inode, self.kept_from, self.size = new_fd, inode, kept_from, keep
         return True
@@ -257,6 +262,44 @@ class OutputFile:
         os.close(self.folder_fd)
         if self.null is not None:
             os.close(self.null)
+
+
+def _take_place(new_name: str, name: str, folder_fd: int) -> bool:
+    """`new_name` takes `name`'s place at once: swapped with it where the
+    filesystem can (True: the old file is now `new_name`), else renamed over
+    it. A rename over a file makes ext4 write the new file to disk at once
+    (auto_da_alloc), though the next rotation frees most kept halves unwritten."""
+    if _exchange(new_name, name, folder_fd):
+        return True
+    os.rename(new_name, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    return False
+
+
+RENAME_EXCHANGE = 2
+_renameat2: list = []  # once looked up: [renameat2, get_errno], or [None, None] where there is none
+
+
+def _exchange(first: str, second: str, folder_fd: int) -> bool:
+    """renameat2(RENAME_EXCHANGE), which os lacks. False where the system or
+    the filesystem refuses it (never tried again), or `second` is gone."""
+    if not _renameat2:
+        import ctypes  # only in a supervisor whose output rotates
+
+        renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+        if renameat2 is not None:
+            renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+        _renameat2[:] = [renameat2, ctypes.get_errno]
+    renameat2, get_errno = _renameat2
+    if renameat2 is None:
+        return False
+    if renameat2(folder_fd, os.fsencode(first), folder_fd, os.fsencode(second), RENAME_EXCHANGE) == 0:
+        return True
+    number = get_errno()
+    if number in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        _renameat2[:] = [None, None]
+    elif number != errno.ENOENT:  # gone (removed by hand): a rename puts the new one in its place
+        raise OSError(number, os.strerror(number), second)
+    return False
 
 
 def _unlink(name: str, folder_fd: int) -> None:

@@ -235,3 +235,28 @@ def test_a_waiting_stop_costs_no_cpu(servers, files, state):
     assert result["structuredContent"]["state"] == "running" and waited >= 4.9
     print(f"CPU of serve over a {waited:.2f} s stop wait: {spent:.3f} s")
     assert spent < 0.15, f"serve used {spent:.2f} s of CPU while a stop waited {waited:.1f} s"
+
+
+def test_a_supervisors_watch_wakes_on_a_change_never_on_a_read(tmp_path):
+    """Every read of any record opens a file of the state folder: a running
+    supervisor's watch of its stop file must not wake for it."""
+    from linkrun.detached.watch import watch_paths
+
+    stop = tmp_path / "c1.stop"
+    record = tmp_path / "c1.json"
+    record.write_bytes(b"{}")
+    wakes = threading.Semaphore(0)
+    observer = watch_paths(str(tmp_path), (str(stop), str(record)), wakes.release)
+    try:
+        for _ in range(200):
+            record.read_bytes()
+        stop.write_bytes(b"stopped")  # a change, after the reads: the first wake must be its own
+        assert wakes.acquire(timeout=10), "the stop file's creation woke nothing"
+        while wakes.acquire(timeout=0.2):  # the creation's own events (create, modify, close)
+            pass
+        for _ in range(200):
+            record.read_bytes()
+        assert not wakes.acquire(timeout=0.5), "a read of a record woke the supervisor"
+    finally:
+        observer.stop()
+        observer.join()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from linkrun import records
-from linkrun.outfile import OutputFile
+from linkrun.detached import records
+from linkrun.detached.outfile import OutputFile
 
 CAP = 1 << 20
 FS_IOC_FIEMAP = 0xC020660B

@@ -25,16 +25,26 @@ def watch_paths(folder: str, paths: tuple[str, ...], wake: Callable[[], None]) -
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
 
+    changes = _changes()
+
     class Handler(FileSystemEventHandler):
         def on_any_event(self, event: FileSystemEvent) -> None:
-            if event.src_path in paths or getattr(event, "dest_path", "") in paths:
+            if type(event) in changes and (event.src_path in paths or event.dest_path in paths):
                 wake()
 
     observer = Observer()
-    observer.schedule(Handler(), folder, recursive=False)
+    # Changes only: every read of any record opens a file here, and would wake us.
+    observer.schedule(Handler(), folder, recursive=False, event_filter=changes)
     observer.daemon = True
     observer.start()
     return observer
+
+
+def _changes() -> list[type[FileSystemEvent]]:
+    """The events that change a file (a write, a rename, a new or removed file), never a mere open or read."""
+    from watchdog.events import FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent
+
+    return [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent]
 
 
 class Watcher:
@@ -80,14 +90,11 @@ class Watcher:
             observer.stop()
 
     def _start(self) -> BaseObserver | None:
-        from watchdog.events import (
-            FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent,
-            FileSystemEventHandler,
-        )
+        from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
 
         watcher = self
-        changes = [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent]
+        changes = _changes()
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:

@@ -125,7 +125,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Background:
+class BackgroundSettings:
     """The background commands' settings: all required once --state is given
     (but for --state with --proxy alone, the proxy's state folder)."""
 
@@ -152,7 +152,7 @@ class Serve:
     write: tuple[str, ...]
     proxy: bool
     state: str | None  # with background commands, the proxy, or both
-    background: Background | None
+    background: BackgroundSettings | None
     sandbox: tuple[str, ...]
     seccomp: str | None = None  # the syscall filter file, given to each call's bwrap
     limits: Limits | None = None  # each call's cgroup limits (--limits), where a cgroup can be had
@@ -307,7 +307,7 @@ def parse_limits(flag: str, text: str) -> Limits:
     return Limits(**values)
 
 
-def _parse_background(flags: Flags) -> Background | None:
+def _parse_background(flags: Flags) -> BackgroundSettings | None:
     background_flags = [f for f in _BACKGROUND_REQUIRED + ("--way-in", "--as", "--keyring", "--no-way-in") if f in flags]
     if "--state" not in flags:
         if background_flags:
@@ -324,7 +324,7 @@ def _parse_background(flags: Flags) -> Background | None:
             "background commands tell their end through the way in",
         )
     way_in = way_in_flags(flags, os.environ)
-    return Background(
+    return BackgroundSettings(
         state=os.path.abspath(str(flags["--state"])),
         way_in=way_in.address,
         agent=way_in.agent,

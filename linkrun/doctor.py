@@ -215,7 +215,7 @@ def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, hostfa
 
 
 def _sandbox_starts(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
-                    host: hostfacts.Host) -> Generator[Check, None, sandbox.Programs | None]:
+                    host: hostfacts.Host) -> Generator[Check, None, sandbox.ProgramsHere | None]:
     """The agent's own sandbox, started once; the programs it keeps, or None once it failed."""
     from .sandboxing import seccomp
 
@@ -238,7 +238,7 @@ def _sandbox_starts(folder: agent_folder.AgentFolder, settings: sandbox.SandboxF
     return kept
 
 
-def _program_checks(kept: sandbox.Programs) -> Iterator[Check]:
+def _program_checks(kept: sandbox.ProgramsHere) -> Iterator[Check]:
     yield "ok", f"programs offered: {', '.join(kept.kept) or 'none'}", ""
     if kept.missing:
         yield "warn", f"not on this machine, so not offered: {', '.join(kept.missing)}", "install them if the agent needs them"

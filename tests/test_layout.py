@@ -87,3 +87,14 @@ def test_the_module_table_names_every_module_under_its_package() -> None:
     modules = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
     assert sorted(modules - named) == [], "modules missing from CONTRIBUTING.md's table, or under another package"
     assert sorted(named - modules) == [], "CONTRIBUTING.md's table names modules that do not exist there"
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """A class's name says which one it is, wherever it is read (local classes too)."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(module_name(path))
+    shared = {name: modules for name, modules in where.items() if len(modules) > 1}
+    assert not shared, f"classes that share a name: {shared}"

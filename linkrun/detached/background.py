@@ -62,7 +62,7 @@ def _client_thread(meta: dict) -> str | None:
     return thread if isinstance(thread, str) and thread else None
 
 
-def background_settings(settings: Serve) -> config.Background:
+def background_settings(settings: Serve) -> config.BackgroundSettings:
     """The background commands' settings, which a serve offering them has."""
     if settings.background is None:
         raise LinkRunError("this serve offers no background commands", "give it --state to offer them")

@@ -27,14 +27,14 @@ def watch_paths(folder: str, paths: tuple[str, ...], wake: Callable[[], None]) -
 
     changes = _changes()
 
-    class Handler(FileSystemEventHandler):
+    class StopFileHandler(FileSystemEventHandler):
         def on_any_event(self, event: FileSystemEvent) -> None:
             if type(event) in changes and (event.src_path in paths or event.dest_path in paths):
                 wake()
 
     observer = Observer()
     # Changes only: every read of any record opens a file here, and would wake us.
-    observer.schedule(Handler(), folder, recursive=False, event_filter=changes)
+    observer.schedule(StopFileHandler(), folder, recursive=False, event_filter=changes)
     observer.daemon = True
     observer.start()
     return observer
@@ -96,7 +96,7 @@ class Watcher:
         watcher = self
         changes = _changes()
 
-        class Handler(FileSystemEventHandler):
+        class ChangeHandler(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
                 if type(event) in changes:  # the filter below keeps the kernel from sending the rest
                     watcher._changed(event.src_path, event.dest_path)
@@ -105,7 +105,7 @@ class Watcher:
         observer.daemon = True
         try:
             for folder in self.folders:
-                observer.schedule(Handler(), folder, recursive=False, event_filter=changes)
+                observer.schedule(ChangeHandler(), folder, recursive=False, event_filter=changes)
             observer.start()
         except OSError as problem:  # inotify exhausted: the waits fall back to their slices
             print(f"lnk-link-run serve: cannot watch for output ({problem}); reads that wait check "

@@ -161,7 +161,7 @@ class TcpServer(ThreadingHTTPServer):
         self.print_lock = threading.Lock()
         self.seen: set[tuple[str, str]] = set()
         self.seen_lock = threading.Lock()
-        super().__init__(self.bind_address(), Handler)
+        super().__init__(self.bind_address(), WayInHandler)
 
     def bind_address(self) -> Any:  # a (host, port) for TCP, a path for the Unix socket
         return ("127.0.0.1", self.options["address"][1])
@@ -223,7 +223,7 @@ class _Refusal(Exception):
         self.status, self.reason, self.agent = status, reason, agent
 
 
-class Handler(BaseHTTPRequestHandler):
+class WayInHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     timeout = 30  # a client that stops mid-request does not hold its thread forever
     server: TcpServer

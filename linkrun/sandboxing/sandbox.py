@@ -248,7 +248,7 @@ def inside(path: str, folder: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Programs:
+class ProgramsHere:
     """The `[commands] allow` entries this machine has and the sandbox shows."""
 
     kept: tuple[str, ...]  # as given: bare names, absolute paths, or *
@@ -257,7 +257,7 @@ class Programs:
     folders: tuple[str, ...]  # folders of allowed absolute programs, to bind read-only
 
 
-def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder) -> Programs:
+def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder) -> ProgramsHere:
     kept: list[str] = []
     missing: list[str] = []
     hidden: list[tuple[str, str]] = []
@@ -283,7 +283,7 @@ def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder)
             hidden.append((program, os.path.realpath(found)))
         else:
             kept.append(program)
-    return Programs(tuple(kept), tuple(missing), tuple(hidden), tuple(folders))
+    return ProgramsHere(tuple(kept), tuple(missing), tuple(hidden), tuple(folders))
 
 
 def environment(folder: agent_folder.AgentFolder, internet: bool = False) -> list[tuple[str, str]]:
@@ -367,7 +367,7 @@ def check_binds(binds: Sequence[str], protected: Sequence[tuple[str, str]]) -> N
 
 
 def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mapping[str, str],
-          keyring: str | None = None, host: Host | None = None) -> tuple[list[str], Programs, Host]:
+          keyring: str | None = None, host: Host | None = None) -> tuple[list[str], ProgramsHere, Host]:
     """What `up`, `doctor` and `sandbox` share: this machine's facts (read
     here unless given), the programs kept, and the fixed argv."""
     host = host if host is not None else host_facts()

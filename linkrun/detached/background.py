@@ -172,7 +172,7 @@ class Background:
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             if self.supervisor_argv is None:
-                from .supervise import script_argv
+                from .starter import script_argv
 
                 self.supervisor_argv = script_argv("ID", "STATE")
             argv = [command_id if a == "ID" else self.state if a == "STATE" else a for a in self.supervisor_argv]

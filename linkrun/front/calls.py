@@ -1,12 +1,16 @@
 """The calls in flight: each one's cancel switch and voice, the ids in flight
 and those answered (for their late cancels), and the threads that run them.
 
-Each call runs on a thread of its own (bubblewrap's --die-with-parent is
-bound to the spawning thread, which stays until the call's sandbox has ended).
+A call runs on a thread of the session's own workers: a thread whose call is
+done waits for the next one, so a call starts without waiting for a thread to
+be made (bubblewrap's --die-with-parent is bound to the spawning thread, which
+stays until the call's sandbox has ended).
 """
 
 from __future__ import annotations
 
+import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +27,8 @@ ProgressSender = Callable[[float, float | None, str | None], None]
 # Answered ids remembered for their late cancel (opencode sends one about 50 ms
 # after every answer): the most kept, so a client that never cancels costs little.
 ANSWERED_KEPT = 1024
+# An idle worker waits this long for a call before it ends.
+IDLE = 60.0
 
 
 def is_id(value: object) -> TypeGuard[RequestId]:
@@ -125,26 +131,47 @@ class InFlight:
 
 
 class Workers:
-    """The threads that run jobs (a call, a batch), one each."""
+    """Threads that run jobs, each kept for the next one once its job is done."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: float = IDLE) -> None:
+        self.idle_for = idle  # how long a worker waits for a job before it ends
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._lock = threading.Condition()
+        self._idle = 0  # workers waiting, less the jobs queued for them
         self._busy = 0  # jobs given and not yet done
 
     def run(self, job: Callable[[], object]) -> None:
+        """Run `job` on an idle worker, or on a new one when none is idle."""
         with self._lock:
             self._busy += 1
-        threading.Thread(target=self._work, args=(job,), daemon=True, name="call").start()
+            new = self._idle == 0
+            if not new:
+                self._idle -= 1
+        self._jobs.put(job)
+        if new:
+            threading.Thread(target=self._work, daemon=True, name="call").start()
 
     def wait(self, deadline: float) -> None:
         """Until every job given is done, or the deadline (time.monotonic)."""
         with self._lock:
             self._lock.wait_for(lambda: self._busy == 0, max(0.0, deadline - time.monotonic()))
 
-    def _work(self, job: Callable[[], object]) -> None:
-        try:
-            job()
-        finally:
-            with self._lock:
-                self._busy -= 1
-                self._lock.notify_all()
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.idle_for)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # no job is on its way to this worker
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                job()
+            except Exception as problem:  # a bug of ours: said, and the worker serves on
+                print(f"lnk-link-run serve: internal error in a call: {problem!r}", file=sys.stderr)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._idle += 1
+                    self._lock.notify_all()

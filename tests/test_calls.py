@@ -1,13 +1,17 @@
-"""The threads that run a session's calls (linkrun/front/calls.py): a call
-starts on a thread kept from an earlier one when one is idle, calls at once
-each get their own, and an idle thread ends after its wait."""
+"""A call's path through serve: the threads that run a session's calls
+(linkrun/front/calls.py), where a call starts on a thread kept from an
+earlier one when one is idle, calls at once each get their own, and an idle
+thread ends after its wait; and a sandboxed call's end, where nothing of it
+is left for later once it is answered."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
-from conftest import wait_for
+from conftest import SERVER, require_sandbox, wait_for
+from sandbox_helpers import Agent
 
 from linkrun.front.calls import Workers
 
@@ -61,3 +65,42 @@ def test_a_failing_call_leaves_its_worker_serving() -> None:
     assert done.wait(10)
     workers.wait(time.monotonic() + 10)
     wait_for(lambda: not workers_alive(), timeout=10, what="the idle workers to end")
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass  # the thread ended meanwhile
+    return found
+
+
+def zombies_below(pid: int) -> list[str]:
+    """The processes below `pid` that ended and wait to be reaped, by name."""
+    found, todo = [], children(pid)
+    while todo:
+        child = todo.pop()
+        try:
+            comm, _, rest = Path(f"/proc/{child}/stat").read_text().rpartition(")")
+        except OSError:
+            continue  # reaped meanwhile
+        if rest.split()[0] == "Z":
+            found.append(comm.partition("(")[2])
+        todo += children(child)
+    return found
+
+
+def test_a_sandboxed_call_is_reaped_before_its_answer(tmp_path, servers) -> None:
+    # The sandbox's init dies with bwrap's outer process, and all the sandbox
+    # with it: nothing is left to wait a grace for, so the call is reaped at once.
+    require_sandbox()
+    box = Agent(tmp_path)
+    server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
+    server.initialize()
+    for _ in range(3):
+        result = server.call("command", {"program": "sh", "args": ["-c", "echo hi; sleep 30 &"]})
+        assert result["structuredContent"]["output"] == "hi", result
+        assert zombies_below(server.process.pid) == []
+    assert server.close() == 0

@@ -3,7 +3,9 @@
 The thread that spawns the child is the one that waits for it (bubblewrap's
 --die-with-parent is bound to the spawning thread). The child runs in a
 process group of its own; at its timeout, or when the call is cancelled, the
-group gets SIGKILL. Once the program exits, what it left in its group is
+group gets SIGKILL. Once a sandbox's outer process exits, its init is killed,
+and with it everything the program left: the child is reaped at once. Without
+a sandbox (a pass-through in tests), what the program left in its group is
 killed a second later; the answer waits for that second only when a leftover
 still holds the output pipes.
 """
@@ -181,6 +183,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
 def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
            output_limit: int, progress: Callable[[int], None] | None) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
+    sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
     output, errors = Capture(output_limit), Capture(output_limit)
     buffer = memoryview(bytearray(CHUNK))
@@ -204,7 +207,8 @@ def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], s
             if pipe is not None:
                 pipe.close()
     seconds = boottime() - started
-    if leader.killed:
+    if leader.killed or sandboxed:
+        kill_group(process.pid)  # the unreaped leader keeps the group id ours
         process.wait()
     else:
         _kill_later(process.pid, process)

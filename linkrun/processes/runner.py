@@ -13,8 +13,10 @@ still holds the output pipes.
 from __future__ import annotations
 
 import os
+import queue
 import select
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -112,24 +114,33 @@ if TYPE_CHECKING:  # loaded only by a launch with limits
 # Calls' cgroups still being removed, so that shutdown removes them before it exits.
 _groups: set[cgroups.Group] = set()
 _groups_made = False
+# Removed one after another by one thread, made at the first: no thread is made on a call's path.
+_removals: queue.SimpleQueue[cgroups.Group] = queue.SimpleQueue()
 
 
 def _remove_soon(group: cgroups.Group) -> None:
     """Off the answer's path: its members take milliseconds to leave."""
-    from ..sandboxing import cgroups  # loaded already: the group is one
-
     global _groups_made
-    _groups_made = True
-
-    def remove() -> None:
-        cgroups.make_spare(group.limits)  # first the next call's, while no answer waits
-        group.remove()
-        with _leftovers_lock:
-            _groups.discard(group)
-
     with _leftovers_lock:
         _groups.add(group)
-    threading.Thread(target=remove, daemon=True, name="cgroup").start()
+        if not _groups_made:
+            threading.Thread(target=_remove_groups, daemon=True, name="cgroups").start()
+        _groups_made = True
+    _removals.put(group)
+
+
+def _remove_groups() -> None:
+    from ..sandboxing import cgroups  # loaded already: a group is one
+
+    while True:
+        group = _removals.get()
+        try:
+            cgroups.make_spare(group.limits)  # first the next call's, while no answer waits
+            group.remove()
+        except Exception as problem:  # a bug of ours: said, and the next groups are still removed
+            print(f"lnk-link-run serve: cannot remove a call's cgroup: {problem!r}", file=sys.stderr)
+        with _leftovers_lock:
+            _groups.discard(group)
 
 
 def open_folder(files_fd: int, folder: str) -> int:

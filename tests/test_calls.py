@@ -32,8 +32,8 @@ def test_a_call_runs_on_the_thread_an_earlier_one_left_idle() -> None:
     wait_for(lambda: not workers_alive(), timeout=10, what="the idle worker to end")
 
 
-def test_calls_at_once_each_get_a_thread_and_idle_ones_end() -> None:
-    workers = Workers(idle=0.2)
+def test_calls_at_once_each_get_a_thread_and_a_few_wait_for_more() -> None:
+    workers = Workers(idle=5.0, kept=2)
     release = threading.Event()
     started = threading.Semaphore(0)
     ran: set[int] = set()
@@ -50,6 +50,10 @@ def test_calls_at_once_each_get_a_thread_and_idle_ones_end() -> None:
     assert len(ran) == 4
     release.set()
     workers.wait(time.monotonic() + 10)
+    wait_for(lambda: len(workers_alive()) == 2, timeout=10, what="all but the two kept to end")
+    workers.idle_for = 0.0  # let the kept ones end now, for the leak check
+    workers.run(lambda: None)
+    workers.run(lambda: None)
     wait_for(lambda: not workers_alive(), timeout=10, what="the idle workers to end")
 
 

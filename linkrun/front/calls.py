@@ -27,8 +27,10 @@ ProgressSender = Callable[[float, float | None, str | None], None]
 # Answered ids remembered for their late cancel (opencode sends one about 50 ms
 # after every answer): the most kept, so a client that never cancels costs little.
 ANSWERED_KEPT = 1024
-# An idle worker waits this long for a call before it ends.
+# An idle worker waits this long for a call before it ends; at most KEPT wait
+# at once (a burst of calls leaves no crowd of threads behind).
 IDLE = 60.0
+KEPT = 4
 
 
 def is_id(value: object) -> TypeGuard[RequestId]:
@@ -133,8 +135,9 @@ class InFlight:
 class Workers:
     """Threads that run jobs, each kept for the next one once its job is done."""
 
-    def __init__(self, idle: float = IDLE) -> None:
+    def __init__(self, idle: float = IDLE, kept: int = KEPT) -> None:
         self.idle_for = idle  # how long a worker waits for a job before it ends
+        self.kept = kept  # the most workers waiting at once
         self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._lock = threading.Condition()
         self._idle = 0  # workers waiting, less the jobs queued for them
@@ -168,10 +171,17 @@ class Workers:
                 continue
             try:
                 job()
-            except Exception as problem:  # a bug of ours: said, and the worker serves on
+            except BaseException as problem:  # a bug of ours: said, and the worker serves on
                 print(f"lnk-link-run serve: internal error in a call: {problem!r}", file=sys.stderr)
-            finally:
-                with self._lock:
-                    self._busy -= 1
-                    self._idle += 1
-                    self._lock.notify_all()
+            if not self._finished():
+                return
+
+    def _finished(self) -> bool:
+        """A job is done: True when its worker waits for the next one."""
+        with self._lock:
+            self._busy -= 1
+            self._lock.notify_all()
+            if self._idle >= self.kept:
+                return False  # enough wait already
+            self._idle += 1
+            return True

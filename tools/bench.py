@@ -508,7 +508,8 @@ def sandbox(files: str):
     import shlex
 
     argv = shlex.split(plan.strip().splitlines()[-1])
-    bare_argv = [a for a in argv]
+    # serve runs bwrap itself and sets prlimit's limits on the sandbox's init: no prlimit exec, as here.
+    bare_argv = argv[argv.index("--") + 1:] if os.path.basename(argv[0]) == "prlimit" else list(argv)
     # The printed argv binds work/ by a descriptor of the printing process: bind it by path here.
     while "--bind-fd" in bare_argv:
         index = bare_argv.index("--bind-fd")
@@ -573,6 +574,9 @@ def sandbox(files: str):
     row("  /bin/true: the fixed argv against it without v4's hardening", f"{median_ms(bare) / median_ms(soft):.2f}×",
         "", f"with: {median_ms(bare):.2f} ms; without /proc's read-only binds, /dev read-only and the filter: "
         f"{median_ms(soft):.2f} ms")
+    pid = server.process.pid
+    row("serve's memory after those 200 calls", f"{status_kb(pid, 'VmRSS') / 1024:.1f} MiB", "",
+        f"its threads: {len(os.listdir(f'/proc/{pid}/task'))}")
     server.close()
     limits_cost(files)
 

@@ -4,7 +4,7 @@ Both eras of the protocol: the handshake (`initialize`, versions 2024-11-05
 to 2025-11-25) and the stateless 2026-07-28, where every request carries its
 version and capabilities in `_meta` and `server/discover` replaces the
 handshake. The reader (the main thread) answers quick requests itself and
-hands each `tools/call` to a thread of its own.
+hands each `tools/call` to a worker thread (calls.py keeps the calls in flight).
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeGuard
 
 import orjson
 
@@ -28,6 +26,7 @@ from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     UNSUPPORTED_VERSION, Channel, error, result,
 )
+from .calls import Call, InFlight, RequestId, Workers, is_id
 from .tools import CallContext, Tools, ToolResult
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -39,38 +38,9 @@ SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 SERVER_INFO = {"name": "lnk-link-run", "version": __version__}
 # In-flight calls get this long to answer after stdin closes (clients wait 2 s).
 EOF_GRACE = 1.5
-# Answered ids remembered for their late cancel (opencode sends one about 50 ms
-# after every answer): the most kept, so a client that never cancels costs little.
-ANSWERED_KEPT = 1024
 # At the end, queued answers go out while the client reads; once nothing moved this long, serve leaves.
 FLUSH_IDLE = 1.0
 KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
-
-RequestId = str | int  # as handle accepts them
-Key = tuple[str, RequestId]
-# progress(progress, total, message): what a call's context holds when its client asked for progress.
-ProgressSender = Callable[[float, float | None, str | None], None]
-
-
-def _is_id(value: object) -> TypeGuard[RequestId]:
-    return isinstance(value, (str, int)) and not isinstance(value, bool)
-
-
-def _key(request_id: RequestId) -> Key:
-    # 1 and "1" are different requests.
-    return (type(request_id).__name__, request_id)
-
-
-class Call:
-    """A request in flight: its cancel switch and whether it may still speak."""
-
-    def __init__(self, request_id: RequestId, progress_token: str | int | float | None) -> None:
-        self.id = request_id
-        self.cancel = runner.Cancel()
-        self.progress_token = progress_token
-        self.progress: float | None = None  # the last sent: progress only rises
-        self.done = False
-        self.lock = threading.Lock()
 
 
 class Session:
@@ -78,10 +48,8 @@ class Session:
         self.tools = tools
         self.channel = channel
         self.legacy_version: str | None = None  # set by initialize
-        self.calls: dict[Key, Call] = {}
-        self.answered: OrderedDict[Key, None] = OrderedDict()  # each may draw one late cancel
-        self.calls_lock = threading.Lock()
-        self.threads: set[threading.Thread] = set()
+        self.calls = InFlight()
+        self.workers = Workers()
         self.instructions = tools.instructions()
         self.on_first_answer: Callable[[], None] | None = None  # called once the first message was handled
 
@@ -117,15 +85,8 @@ class Session:
     def shutdown(self, grace: float) -> None:
         """Stop reading; let calls in flight answer within `grace`, then kill them,
         then give the answers queued the time the client takes to read them."""
-        deadline = time.monotonic() + grace
-        for thread in list(self.threads):
-            thread.join(max(0.0, deadline - time.monotonic()))
-        with self.calls_lock:
-            calls = list(self.calls.values())
-        for call in calls:
-            with call.lock:
-                call.done = True  # killed now: no answer, no progress
-            call.cancel.cancel()
+        self.workers.wait(time.monotonic() + grace)
+        self.calls.silence_all()
         runner.kill_leftovers_now()
         self.channel.flush(FLUSH_IDLE)
         self.channel.close()
@@ -168,7 +129,7 @@ class Session:
             if answered:
                 self.channel.send(answered)
 
-        self._start_thread(answer_all)
+        self.workers.run(answer_all)
 
     # -- one message ------------------------------------------------------
 
@@ -178,7 +139,7 @@ class Session:
             return error(None, INVALID_REQUEST, "a message must be a JSON object")
         has_id = "id" in message
         given_id = message.get("id")
-        request_id = given_id if _is_id(given_id) else None  # None: no answer can name it
+        request_id = given_id if is_id(given_id) else None  # None: no answer can name it
         if message.get("jsonrpc") != "2.0":
             return error(request_id, INVALID_REQUEST, 'the message lacks "jsonrpc": "2.0"')
         method = message.get("method")
@@ -206,23 +167,9 @@ class Session:
     def _notification(self, method: str, params: dict) -> None:
         if method == "notifications/cancelled":
             request_id = params.get("requestId")
-            if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
-                call = self._cancelled(_key(request_id))
-                if call is not None:
-                    with call.lock:
-                        call.done = True  # no answer, no more progress
-                    call.cancel.cancel()
+            if is_id(request_id):
+                self.calls.cancel(request_id)
         # Every other notification (initialized, roots changed, unknown ones) needs nothing.
-
-    def _cancelled(self, key: Key) -> Call | None:
-        """The call a cancel is for, taken out of those in flight; None for a
-        late cancel. A cancel naming an id already answered is that answer's
-        late one, even when a later call reuses the id: it touches nothing."""
-        with self.calls_lock:
-            if key in self.answered:
-                del self.answered[key]
-                return None
-            return self.calls.pop(key, None)
 
     def _request(self, request_id: RequestId, method: str, params: dict, inline: bool) -> dict | None:
         meta = params.get("_meta")
@@ -296,9 +243,7 @@ class Session:
     def _listen(self, request_id: RequestId) -> None:
         # The tool list never changes: acknowledge with no notifications and
         # hold the request open until it is cancelled or stdin closes.
-        call = Call(request_id, None)
-        with self.calls_lock:
-            self.calls[_key(request_id)] = call
+        self.calls.add(Call(request_id, None), replace=True)
         self.channel.send({
             "jsonrpc": "2.0",
             "method": "notifications/subscriptions/acknowledged",
@@ -312,23 +257,19 @@ class Session:
             name, arguments, meta = self._checked_call(params)
         except _BadParams as bad:
             return error(request_id, INVALID_PARAMS, str(bad))
-        token = _progress_token(meta)
-        call = Call(request_id, token)
-        key = _key(request_id)
-        with self.calls_lock:
-            if key in self.calls:
-                return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
-            self.calls[key] = call
+        call = Call(request_id, _progress_token(meta))
+        if not self.calls.add(call):
+            return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
 
         def work() -> dict | None:
             response = None
             try:
-                progress = self._progress_sender(call, version) if token is not None else None
+                progress = call.progress_sender(self.channel, version) if call.progress_token is not None else None
                 outcome = self._run_tool(name, arguments, CallContext(meta, call.cancel, progress))
                 response = self._answer_call(call, outcome, version, modern)
                 return response
             finally:
-                self._forget_call(call, key, answered=response is not None)
+                self.calls.forget(call, answered=response is not None)
 
         if inline:
             return work()
@@ -338,7 +279,7 @@ class Session:
             if response is not None:
                 self.channel.send(response)
 
-        self._start_thread(answer)
+        self.workers.run(answer)
         return None
 
     def _checked_call(self, params: dict) -> tuple[str, dict, dict]:
@@ -368,48 +309,9 @@ class Session:
 
     def _answer_call(self, call: Call, outcome: ToolResult | None, version: str, modern: bool) -> dict | None:
         """The call's answer, or None when it was cancelled (it gets none)."""
-        with call.lock:
-            if call.done or outcome is None:
-                return None
-            call.done = True
+        if outcome is None or not call.may_answer():
+            return None
         return result(call.id, self._complete(_tool_result(outcome, version), modern))
-
-    def _forget_call(self, call: Call, key: tuple, answered: bool) -> None:
-        """The call is no longer in flight; an answered one is remembered for its late cancel."""
-        with self.calls_lock:
-            if self.calls.get(key) is call:
-                del self.calls[key]
-            if answered:  # before the answer goes out, so its late cancel finds it
-                self.answered[key] = None
-                if len(self.answered) > ANSWERED_KEPT:
-                    self.answered.popitem(last=False)
-
-    def _progress_sender(self, call: Call, version: str) -> ProgressSender:
-        def send(progress: float, total: float | None = None, message: str | None = None) -> None:
-            params = {"progressToken": call.progress_token, "progress": progress}
-            if total is not None:
-                params["total"] = total
-            if message is not None and version >= "2025-03-26":
-                params["message"] = message
-            with call.lock:  # under the call's lock, so none can follow its answer
-                if call.done or (call.progress is not None and progress <= call.progress):
-                    return
-                call.progress = progress
-                # An unwritten one of this call is replaced: a slow client gets the latest, not a backlog.
-                self.channel.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params},
-                                  replaces=("progress", *_key(call.id)))
-        return send
-
-    def _start_thread(self, target: Callable[[], object]) -> None:
-        def run() -> None:
-            try:
-                target()
-            finally:
-                self.threads.discard(thread)
-
-        thread = threading.Thread(target=run, daemon=True)
-        self.threads.add(thread)
-        thread.start()
 
 
 class _BadParams(Exception):

@@ -57,8 +57,10 @@ class Leader:
     leader. The leader owns it from then on.
 
     `cgroup` may be set likewise to the launch's cgroup (cgroups.Group): it
-    is killed as a whole with the group and right after the leader exits.
-    The caller reads and removes it once the leader is reaped.
+    is killed as a whole with the group, and right after the leader exits
+    when no init was set (with one, all of the sandbox is in the init's pid
+    namespace, which ends with it). The caller reads and removes it once the
+    leader is reaped; the removal kills what is left.
     """
 
     def __init__(self, process: subprocess.Popen) -> None:  # not reaped before close()
@@ -80,10 +82,14 @@ class Leader:
             self._end_sandbox()
 
     def end_sandbox(self) -> None:
-        """At the leader's exit: the sandbox's init, and all of the call's cgroup, go with it."""
+        """At the leader's exit: the sandbox's init goes with it, or without one, all of the call's cgroup."""
         with self._lock:
-            if self.pidfd is not None:
-                self._end_sandbox()
+            if self.pidfd is None:
+                return
+            if self.sandbox_init is not None:
+                kill_init(self.sandbox_init)
+            elif self.cgroup is not None:
+                self.cgroup.kill()
 
     def _end_sandbox(self) -> None:
         kill_init(self.sandbox_init)

@@ -3,7 +3,9 @@
 The thread that spawns the child is the one that waits for it (bubblewrap's
 --die-with-parent is bound to the spawning thread). The child runs in a
 process group of its own; at its timeout, or when the call is cancelled, the
-group gets SIGKILL. Once the program exits, what it left in its group is
+group gets SIGKILL. Once a sandbox's outer process exits, its init is killed,
+and with it everything the program left: the child is reaped at once. Without
+a sandbox (a pass-through in tests), what the program left in its group is
 killed a second later; the answer waits for that second only when a leftover
 still holds the output pipes.
 """
@@ -11,8 +13,10 @@ still holds the output pipes.
 from __future__ import annotations
 
 import os
+import queue
 import select
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,24 +114,33 @@ if TYPE_CHECKING:  # loaded only by a launch with limits
 # Calls' cgroups still being removed, so that shutdown removes them before it exits.
 _groups: set[cgroups.Group] = set()
 _groups_made = False
+# Removed one after another by one thread, made at the first: no thread is made on a call's path.
+_removals: queue.SimpleQueue[cgroups.Group] = queue.SimpleQueue()
 
 
 def _remove_soon(group: cgroups.Group) -> None:
     """Off the answer's path: its members take milliseconds to leave."""
-    from ..sandboxing import cgroups  # loaded already: the group is one
-
     global _groups_made
-    _groups_made = True
-
-    def remove() -> None:
-        cgroups.make_spare(group.limits)  # first the next call's, while no answer waits
-        group.remove()
-        with _leftovers_lock:
-            _groups.discard(group)
-
     with _leftovers_lock:
         _groups.add(group)
-    threading.Thread(target=remove, daemon=True, name="cgroup").start()
+        if not _groups_made:
+            threading.Thread(target=_remove_groups, daemon=True, name="cgroups").start()
+        _groups_made = True
+    _removals.put(group)
+
+
+def _remove_groups() -> None:
+    from ..sandboxing import cgroups  # loaded already: a group is one
+
+    while True:
+        group = _removals.get()
+        try:
+            cgroups.make_spare(group.limits)  # first the next call's, while no answer waits
+            group.remove()
+        except Exception as problem:  # a bug of ours: said, and the next groups are still removed
+            print(f"lnk-link-run serve: cannot remove a call's cgroup: {problem!r}", file=sys.stderr)
+        with _leftovers_lock:
+            _groups.discard(group)
 
 
 def open_folder(files_fd: int, folder: str) -> int:
@@ -181,6 +194,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
 def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
            output_limit: int, progress: Callable[[int], None] | None) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
+    sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
     output, errors = Capture(output_limit), Capture(output_limit)
     buffer = memoryview(bytearray(CHUNK))
@@ -204,7 +218,8 @@ def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], s
             if pipe is not None:
                 pipe.close()
     seconds = boottime() - started
-    if leader.killed:
+    if leader.killed or sandboxed:
+        kill_group(process.pid)  # the unreaped leader keeps the group id ours
         process.wait()
     else:
         _kill_later(process.pid, process)

@@ -118,8 +118,8 @@ def only_the_spare(groups: list[str]) -> bool:
 def members(group: str) -> str:
     try:
         return Path(group, "cgroup.procs").read_text()
-    except FileNotFoundError:
-        return ""  # removed meanwhile
+    except (FileNotFoundError, OSError):  # removed meanwhile (a folder being removed answers ENODEV)
+        return ""
 
 
 def serve_pid(up: Up) -> int:

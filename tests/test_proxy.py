@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import SERVER, clean_env, require_sandbox, wait_for
 
-from linkrun.network import internet, proxy
+from linkrun.network import internet, peers, proxy, rules
 from linkrun.detached import records
 from linkrun.sandboxing import launch
 
@@ -164,24 +164,24 @@ def test_star_refuses_an_ipv6_address_that_embeds_a_private_ipv4_without_trying_
 
 def test_an_embedded_public_ipv4_is_public_and_a_site_local_or_local_nat64_address_is_not():
     for address in ("::5db8:d822", "::ffff:5db8:d822", "64:ff9b::5db8:d822", "2002:5db8:d822::1"):
-        assert proxy.public(address), address
+        assert rules.public(address), address
     for address in (*EMBEDDED_PRIVATE, "64:ff9b:1::5db8:d822", "fec0:1::5db8:d822", "::", "2002::1"):
-        assert not proxy.public(address), address
-    assert proxy.public("2606:4700::1111")
+        assert not rules.public(address), address
+    assert rules.public("2606:4700::1111")
 
 
 def test_the_rules_match_exact_wildcard_and_port_entries():
-    rules = proxy.Rules(["example.org", "*.example.net", "example.com:8443"])
-    assert rules.admits("example.org", 443) == (True, True)
-    assert rules.admits("EXAMPLE.org.", 80) == (True, True)
-    assert rules.admits("example.org", 8080) == (False, False)
-    assert rules.admits("a.example.net", 443) == (True, False)
-    assert rules.admits("example.net", 443) == (False, False)
-    assert rules.admits("example.com", 8443) == (True, True)
-    assert rules.admits("example.com", 443) == (False, False)
-    assert proxy.Rules(["*"]).admits("anything.example", 443) == (True, False)
-    assert not proxy.public("127.0.0.1") and not proxy.public("10.1.2.3") and not proxy.public("169.254.1.1")
-    assert not proxy.public("::ffff:192.168.1.1") and proxy.public("93.184.216.34")
+    admitted = rules.Rules(["example.org", "*.example.net", "example.com:8443"])
+    assert admitted.admits("example.org", 443) == (True, True)
+    assert admitted.admits("EXAMPLE.org.", 80) == (True, True)
+    assert admitted.admits("example.org", 8080) == (False, False)
+    assert admitted.admits("a.example.net", 443) == (True, False)
+    assert admitted.admits("example.net", 443) == (False, False)
+    assert admitted.admits("example.com", 8443) == (True, True)
+    assert admitted.admits("example.com", 443) == (False, False)
+    assert rules.Rules(["*"]).admits("anything.example", 443) == (True, False)
+    assert not rules.public("127.0.0.1") and not rules.public("10.1.2.3") and not rules.public("169.254.1.1")
+    assert not rules.public("::ffff:192.168.1.1") and rules.public("93.184.216.34")
 
 
 def test_a_hundred_concurrent_connections_are_all_served(site, run_proxy):
@@ -275,11 +275,12 @@ def test_a_pid_namespace_made_inside_a_sandbox_counts_as_that_sandbox(tmp_path):
                 "/bin/sh", "-c", f"{sys.executable} -c '{connect}' & {inner}; wait"]
         with subprocess.Popen(argv) as sandbox:
             try:
-                peers = [listener.accept()[0] for _ in range(2)]
-                pids = [struct.unpack("3i", p.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0] for p in peers]
+                accepted = [listener.accept()[0] for _ in range(2)]
+                pids = [struct.unpack("3i", p.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                        for p in accepted]
                 assert len({os.readlink(f"/proc/{pid}/ns/pid") for pid in pids}) == 2  # one nested in the other
-                assert proxy._sandbox_of(pids[0]) == proxy._sandbox_of(pids[1]) != proxy._sandbox_of(os.getpid())
-                for peer in peers:
+                assert peers.sandbox_of(pids[0]) == peers.sandbox_of(pids[1]) != peers.sandbox_of(os.getpid())
+                for peer in accepted:
                     peer.close()
                 assert sandbox.wait(timeout=10) == 0
             finally:

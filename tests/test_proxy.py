@@ -369,9 +369,9 @@ def test_a_killed_proxy_is_started_again_at_the_next_ensure(tmp_path, site):
         user.close()
 
 
-def hold_in_sandbox(proxy_dir: str, program: list[str]) -> tuple[subprocess.Popen, str | None]:
-    """`program` in a bare bwrap with a network of its own, started once the
-    proxy at `proxy_dir` was handed its init: the process, and why it has no internet (or None)."""
+def run_in_held_sandbox(proxy_dir: str, program: list[str]) -> tuple[str, str | None]:
+    """`program` run in a bare bwrap with a network of its own, started once the
+    proxy at `proxy_dir` was handed its init: its output, and why it had no internet (or None)."""
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     block_r, block_w = os.pipe2(os.O_CLOEXEC)
     argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent",
@@ -380,14 +380,18 @@ def hold_in_sandbox(proxy_dir: str, program: list[str]) -> tuple[subprocess.Pope
     os.close(info_w)
     os.close(block_r)
     try:
-        pidfd, pid = launch._init_pidfd(info_r)
-        assert pidfd is not None and pid is not None
-        why = internet.hand_over(proxy_dir, pidfd, pid)
-        os.close(pidfd)
-        return process, why
+        try:
+            pidfd, pid = launch._init_pidfd(info_r)
+            assert pidfd is not None and pid is not None
+            why = internet.hand_over(proxy_dir, pidfd, pid)
+            os.close(pidfd)
+        finally:
+            os.close(block_w)
+        return process.communicate(timeout=30)[0], why
     finally:
-        os.close(block_w)
-        os.close(info_r)
+        process.kill()
+        process.communicate()
+        os.close(info_r)  # only now: bwrap writes more after the pid, and would die of SIGPIPE without a reader
 
 
 FETCH = ("import socket, sys\ns = socket.create_connection(('127.0.0.1', 3128))\n"
@@ -414,9 +418,9 @@ def test_a_sandbox_handed_over_reaches_the_proxy_on_its_own_loopback_until_it_en
     pid = internet._answers(internet.socket_path(state))
     assert ask(state, b"NONSENSE\r\n\r\n").startswith(b"HTTP/1.1 400")  # its loop runs: what it holds for good
     before = sockets_and_pidfds(pid)
-    process, why = hold_in_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+    output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
     assert why is None
-    assert process.communicate(timeout=30)[0] == "HTTP/1.0 200 OK\n"
+    assert output == "HTTP/1.0 200 OK\n"
     wait_for(lambda: sockets_and_pidfds(pid) == before, what="the proxy to close the sandbox's listener")
 
 
@@ -433,3 +437,75 @@ def test_a_process_without_a_network_of_its_own_is_refused_and_the_caller_told_w
         "network of its own", why
     gone = internet.hand_over(str(tmp_path / "nowhere"), 0, 1)
     assert gone is not None and gone.startswith("the agent's proxy cannot be reached"), gone
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
+
+
+def handover_process(proxy_pid: int) -> int | None:
+    """The proxy's one live child: its hand-over process, once it runs."""
+    for child in children(proxy_pid):
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                return child
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_hand_over_process_that_died_is_started_again_and_the_proxy_does_not_spin(site, run_proxy):
+    require_sandbox()
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert pid is not None
+    first = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    os.kill(first, signal.SIGKILL)
+    second = wait_for(lambda: handover_process(pid) not in (None, first) and handover_process(pid),
+                      timeout=15, what="another hand-over process")
+    assert second != first
+    output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+    assert why is None, why
+    assert output == "HTTP/1.0 200 OK\n"
+    before = cpu_seconds(pid)
+    time.sleep(1)  # what an idle proxy spends in a second, against a spinning one's
+    assert cpu_seconds(pid) - before < 0.3, "the proxy spins"
+    assert "the hand-over process ended" in Path(state, "proxy.log").read_text()
+
+
+def test_as_root_a_hand_over_forks_nothing_and_leaves_nothing_of_the_sandbox_in_the_hand_over_process(site, run_proxy):
+    # Root may join a network from where it is: no process per call, and back home after each.
+    require_sandbox()
+    if os.geteuid() != 0:
+        pytest.skip("as an ordinary user, each hand-over takes a spare process (test_internet covers it)")
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert pid is not None
+    hands = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    before = sockets_and_pidfds(hands)
+    for _ in range(3):
+        output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+        assert why is None, why
+        assert output == "HTTP/1.0 200 OK\n"
+    assert handover_process(pid) == hands and children(hands) == [], "a process forked for a hand-over"
+    assert os.readlink(f"/proc/{hands}/ns/net") == os.readlink("/proc/self/ns/net"), "left in a sandbox's network"
+    assert sockets_and_pidfds(hands) == before, "a listener or a pidfd kept"
+
+
+def test_the_hand_over_script_imports_nothing_but_the_standard_library():
+    # It runs as `python -I -S handover.py`, and stays small so that its forks are cheap.
+    import ast
+
+    tree = ast.parse(Path(proxy.__file__).with_name("handover.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+    assert imported <= {"collections", "ctypes", "errno", "os", "signal", "socket", "sys"}, imported

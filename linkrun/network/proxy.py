@@ -10,9 +10,9 @@ A sandbox reaches it on 127.0.0.1:3128 of its own network, where nothing
 of the sandbox listens: the proxy holds that listening socket. As a call
 starts, bwrap holds its program (`--block-fd`) while serve (or a
 supervisor) hands the sandbox's init, as a pidfd, to `<state>/proxy/hand.sock`
-(internet.hand_over). There a small process of the proxy's (handover.py)
-makes the listener in the sandbox's network and passes it here with the
-pidfd; then the program runs. The proxy serves that listener until the
+(internet.hand_over). There a small process of the proxy's (handover.py,
+started by listeners.py) makes the listener in the sandbox's network and
+passes it here with the pidfd; then the program runs. The proxy serves that listener until the
 init's pidfd says the sandbox ended, and closes it (so the sandbox's network
 ends too). The host's side, `proxy/proxy.sock`, speaks the same HTTP (for
 the tests, and the users' liveness probe).
@@ -40,7 +40,7 @@ import socket
 import sys
 import time
 
-from . import internet, peers, rules
+from . import internet, listeners, peers, rules
 from ..detached import records
 from ..config import split_flags
 from ..errors import LinkRunError, UsageError
@@ -56,7 +56,6 @@ CONNECT_TIMEOUT = 10.0
 CHUNK = 256 * 1024
 USERS_CHECK = 1.0  # seconds between looks for a remaining user (no event exists for a flock's release)
 REFUSED_MAX = 1024 * 1024  # then the refusal log starts afresh (the old one is kept as .old)
-BACKLOG = 256  # connections a listener queues before the proxy accepts them
 
 
 def sandbox_cap(descriptors: int) -> int:
@@ -123,18 +122,9 @@ class Proxy:
             if not self.held[sandbox]:
                 del self.held[sandbox]
 
-    def received(self, channel: socket.socket) -> None:
-        """A listener a spare made in a sandbox, with that sandbox's init."""
-        try:
-            message, fds, _, _ = socket.recv_fds(channel, 64, 2)
-        except (BlockingIOError, InterruptedError):
-            return
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            return
-        listener, init = socket.socket(fileno=fds[0]), fds[1]
-        asyncio.get_running_loop().create_task(self.serve_sandbox(listener, init, int(message)))
+    def serve_soon(self, listener: socket.socket, init: int, pid: int) -> None:
+        """A listener made in a sandbox, with a pidfd of its init and that init's pid (listeners.py)."""
+        asyncio.get_running_loop().create_task(self.serve_sandbox(listener, init, pid))
 
     async def serve_sandbox(self, listener: socket.socket, init: int, pid: int) -> None:
         """Serve a sandbox's listener until its init ends, then close it: a
@@ -329,42 +319,13 @@ def main(argv: list[str]) -> int:
     folder = os.path.join(state, internet.FOLDER)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)  # no sandbox sees it: only the agent's own serve and supervisors
-    hand = _bind(folder, records.PROXY_HAND, socket.SOCK_SEQPACKET)
-    channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    _start_handover(hand, theirs)
-    hand.close()
-    theirs.close()
-    listener = _bind(folder, internet.SOCKET, socket.SOCK_STREAM)
+    proxy = Proxy(state, descriptors)
+    hand_over = listeners.HandOver(folder, proxy.serve_soon)
+    hand_over.start()  # before proxy.sock: a user that finds the proxy finds its hand-over too
+    listener = listeners.bind_unix(folder, internet.SOCKET, socket.SOCK_STREAM)
     print(f"lnk-link-run proxy: serving {folder}/{internet.SOCKET}", file=sys.stderr, flush=True)
-    asyncio.run(_serve(Proxy(state, descriptors), listener, channel, state))
+    asyncio.run(_serve(proxy, listener, hand_over, state))
     return 0
-
-
-def _bind(folder: str, name: str, kind: int) -> socket.socket:
-    """A listening Unix socket `folder/name`, made under a temporary name and
-    renamed: a restarted proxy replaces the socket whole."""
-    sock = socket.socket(socket.AF_UNIX, kind)
-    temporary = f".{name}.{os.getpid()}"
-    folder_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        sock.bind(internet.short_path(folder_fd, temporary))
-        os.chmod(temporary, 0o600, dir_fd=folder_fd)
-        sock.listen(BACKLOG)
-        os.rename(temporary, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-    finally:
-        os.close(folder_fd)
-    return sock
-
-
-def _start_handover(hand: socket.socket, channel: socket.socket) -> None:
-    """Start handover.py, a small process of its own (its forks are cheap),
-    on `hand` and `channel`; it dies with the proxy."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "handover.py")
-    for sock in (hand, channel):
-        os.set_inheritable(sock.fileno(), True)  # ours are closed once it has them
-    os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", script, str(os.getpid()), str(hand.fileno()),
-                                    str(channel.fileno()), str(internet.PORT), str(internet.HAND_TIMEOUT)],
-                   os.environ)
 
 
 def _raise_descriptor_limit() -> int:
@@ -379,10 +340,9 @@ def _raise_descriptor_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-async def _serve(proxy: Proxy, listener: socket.socket, channel: socket.socket, state: str) -> None:
+async def _serve(proxy: Proxy, listener: socket.socket, hand_over: listeners.HandOver, state: str) -> None:
     server = await asyncio.start_unix_server(proxy.handle, sock=listener, limit=HEAD_MAX)
-    channel.setblocking(False)
-    asyncio.get_running_loop().add_reader(channel, proxy.received, channel)
+    hand_over.watch()
     users = os.open(os.path.join(state, records.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     async with server:
         while True:

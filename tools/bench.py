@@ -661,7 +661,7 @@ def internet_cost(files: str, port: int):
         f"without: {starts['none']:.1f} ms ({starts['internet'] / starts['none']:.2f}×)")
     row("a call with [internet] hosts (the handed listener)", f"{with_hosts:.2f} ms", "target ≤ +1 ms",
         f"without: {without:.2f} ms (+{with_hosts - without:.2f} ms, {with_hosts / without:.2f}×)")
-    row(f"the proxy's CPU per call ({'root: in place' if os.geteuid() == 0 else 'spares'})", f"{sum(cpu):.2f} ms",
+    row(f"the proxy's CPU per call ({'by spares' if cpu[2] else 'in place'})", f"{sum(cpu):.2f} ms",
         "", f"proxy {cpu[0]:.2f}, hand-over {cpu[1]:.2f}, its spares {cpu[2]:.2f} ms")
 
 

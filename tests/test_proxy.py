@@ -509,3 +509,27 @@ def test_the_hand_over_script_imports_nothing_but_the_standard_library():
                  if isinstance(node, ast.ImportFrom) and node.module and not node.level}
     assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
     assert imported <= {"collections", "ctypes", "errno", "os", "signal", "socket", "sys"}, imported
+
+
+def test_a_caller_that_leaves_before_its_answer_leaves_the_hand_over_process_serving(site, run_proxy):
+    # serve killed mid-call closes its end first: the next call must find the hand-over as it was.
+    require_sandbox()
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert pid is not None
+    hands = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    with subprocess.Popen(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-all", "--die-with-parent",
+                           "--", "sleep", "60"]) as sandbox:
+        init = wait_for(lambda: children(sandbox.pid) and children(sandbox.pid)[0], what="the sandbox's init")
+        pidfd = os.pidfd_open(init)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as leaving:
+                leaving.connect(os.path.join(state, "proxy", "hand.sock"))
+                socket.send_fds(leaving, [b"%d" % init], [pidfd])
+        finally:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # its namespace with it: bwrap then ends
+            os.close(pidfd)
+    output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+    assert why is None, why
+    assert output == "HTTP/1.0 200 OK\n"
+    assert handover_process(pid) == hands, "the hand-over process ended"

@@ -54,7 +54,10 @@ class Hands:
         """One hand-over: a pidfd of a sandbox's init (and its pid) in, the
         listener `make` made in that sandbox's network out to the proxy,
         `ok` (or why not) back to the caller."""
-        caller, _ = self.hand.accept()
+        try:
+            caller, _ = self.hand.accept()
+        except OSError:  # a caller that left while queued
+            return
         with caller:
             caller.settimeout(self.timeout)
             try:
@@ -64,17 +67,17 @@ class Hands:
             if len(fds) != 1 or not message.isdigit():
                 for fd in fds:
                     os.close(fd)
-                caller.send(b"the hand-over is a pid and a pidfd of the sandbox's init")
+                _tell(caller, b"the hand-over is a pid and a pidfd of the sandbox's init")
                 return
             try:
                 with make(fds[0]) as listener:
                     socket.send_fds(self.channel, [message], [listener.fileno(), fds[0]])
             except Exception as problem:  # the caller is told, whatever it was: its program waits for the answer
-                caller.send(f"the agent's proxy cannot listen in the sandbox: {problem}".encode())
+                _tell(caller, f"the agent's proxy cannot listen in the sandbox: {problem}".encode())
                 return
             finally:
                 os.close(fds[0])
-            caller.send(b"ok")
+            _tell(caller, b"ok")
 
     def listen_in_place(self, pidfd: int) -> socket.socket:
         """Into the sandbox's network and back home: CAP_SYS_ADMIN here is enough."""
@@ -112,6 +115,13 @@ class Hands:
     def in_place(self) -> bool:
         """Whether this process may join a network from where it is (rejoining its own tells)."""
         return libc.setns(self.home, CLONE_NEWNET) == 0
+
+
+def _tell(caller: socket.socket, answer: bytes) -> None:
+    try:
+        caller.send(answer)
+    except OSError:
+        pass  # it left (a serve killed mid-call): the next caller is served all the same
 
 
 def _setns(pidfd: int, namespaces: int) -> None:

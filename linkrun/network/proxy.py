@@ -9,12 +9,12 @@ changes.
 A sandbox reaches it on 127.0.0.1:3128 of its own network, where nothing
 of the sandbox listens: the proxy holds that listening socket. As a call
 starts, bwrap holds its program (`--block-fd`) while serve (or a
-supervisor) hands the sandbox's init, as a pidfd, to `<state>/proxy/hand.sock`
-(internet.hand_over). There a small process of the proxy's (handover.py,
-started by listeners.py) makes the listener in the sandbox's network and
-passes it here with the pidfd; then the program runs. The proxy serves that listener until the
-init's pidfd says the sandbox ended, and closes it (so the sandbox's network
-ends too). The host's side, `proxy/proxy.sock`, speaks the same HTTP (for
+supervisor) hands the sandbox's init, as a pidfd, to
+`<state>/proxy/hand.sock` (internet.hand_over). There a small process of
+the proxy's (handover.py, started by listeners.py) makes the listener in
+the sandbox's network and passes it here with the pidfd; then the program
+runs. The proxy serves that listener until the init's pidfd says the
+sandbox ended, and closes it (so the sandbox's network ends too). The host's side, `proxy/proxy.sock`, speaks the same HTTP (for
 the tests, and the users' liveness probe).
 
 asyncio: one thread serves every connection, so a slow client

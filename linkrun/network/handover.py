@@ -136,6 +136,7 @@ def _die_with(parent: int) -> bool:
 
 
 def keep_spares(hands: Hands) -> None:
+    """SPARES processes waiting on the hand socket, each serving one hand-over; another forked for each that ended."""
     maker = os.getpid()
     spares = 0
     while True:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import SERVER, clean_env, require_sandbox, wait_for
 
-from linkrun.network import internet, proxy
+from linkrun.network import internet, peers, proxy, rules
 from linkrun.detached import records
 from linkrun.sandboxing import launch
 
@@ -164,24 +164,24 @@ def test_star_refuses_an_ipv6_address_that_embeds_a_private_ipv4_without_trying_
 
 def test_an_embedded_public_ipv4_is_public_and_a_site_local_or_local_nat64_address_is_not():
     for address in ("::5db8:d822", "::ffff:5db8:d822", "64:ff9b::5db8:d822", "2002:5db8:d822::1"):
-        assert proxy.public(address), address
+        assert rules.public(address), address
     for address in (*EMBEDDED_PRIVATE, "64:ff9b:1::5db8:d822", "fec0:1::5db8:d822", "::", "2002::1"):
-        assert not proxy.public(address), address
-    assert proxy.public("2606:4700::1111")
+        assert not rules.public(address), address
+    assert rules.public("2606:4700::1111")
 
 
 def test_the_rules_match_exact_wildcard_and_port_entries():
-    rules = proxy.Rules(["example.org", "*.example.net", "example.com:8443"])
-    assert rules.admits("example.org", 443) == (True, True)
-    assert rules.admits("EXAMPLE.org.", 80) == (True, True)
-    assert rules.admits("example.org", 8080) == (False, False)
-    assert rules.admits("a.example.net", 443) == (True, False)
-    assert rules.admits("example.net", 443) == (False, False)
-    assert rules.admits("example.com", 8443) == (True, True)
-    assert rules.admits("example.com", 443) == (False, False)
-    assert proxy.Rules(["*"]).admits("anything.example", 443) == (True, False)
-    assert not proxy.public("127.0.0.1") and not proxy.public("10.1.2.3") and not proxy.public("169.254.1.1")
-    assert not proxy.public("::ffff:192.168.1.1") and proxy.public("93.184.216.34")
+    admitted = rules.Rules(["example.org", "*.example.net", "example.com:8443"])
+    assert admitted.admits("example.org", 443) == (True, True)
+    assert admitted.admits("EXAMPLE.org.", 80) == (True, True)
+    assert admitted.admits("example.org", 8080) == (False, False)
+    assert admitted.admits("a.example.net", 443) == (True, False)
+    assert admitted.admits("example.net", 443) == (False, False)
+    assert admitted.admits("example.com", 8443) == (True, True)
+    assert admitted.admits("example.com", 443) == (False, False)
+    assert rules.Rules(["*"]).admits("anything.example", 443) == (True, False)
+    assert not rules.public("127.0.0.1") and not rules.public("10.1.2.3") and not rules.public("169.254.1.1")
+    assert not rules.public("::ffff:192.168.1.1") and rules.public("93.184.216.34")
 
 
 def test_a_hundred_concurrent_connections_are_all_served(site, run_proxy):
@@ -275,11 +275,12 @@ def test_a_pid_namespace_made_inside_a_sandbox_counts_as_that_sandbox(tmp_path):
                 "/bin/sh", "-c", f"{sys.executable} -c '{connect}' & {inner}; wait"]
         with subprocess.Popen(argv) as sandbox:
             try:
-                peers = [listener.accept()[0] for _ in range(2)]
-                pids = [struct.unpack("3i", p.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0] for p in peers]
+                accepted = [listener.accept()[0] for _ in range(2)]
+                pids = [struct.unpack("3i", p.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                        for p in accepted]
                 assert len({os.readlink(f"/proc/{pid}/ns/pid") for pid in pids}) == 2  # one nested in the other
-                assert proxy._sandbox_of(pids[0]) == proxy._sandbox_of(pids[1]) != proxy._sandbox_of(os.getpid())
-                for peer in peers:
+                assert peers.sandbox_of(pids[0]) == peers.sandbox_of(pids[1]) != peers.sandbox_of(os.getpid())
+                for peer in accepted:
                     peer.close()
                 assert sandbox.wait(timeout=10) == 0
             finally:
@@ -368,9 +369,9 @@ def test_a_killed_proxy_is_started_again_at_the_next_ensure(tmp_path, site):
         user.close()
 
 
-def hold_in_sandbox(proxy_dir: str, program: list[str]) -> tuple[subprocess.Popen, str | None]:
-    """`program` in a bare bwrap with a network of its own, started once the
-    proxy at `proxy_dir` was handed its init: the process, and why it has no internet (or None)."""
+def run_in_held_sandbox(proxy_dir: str, program: list[str]) -> tuple[str, str | None]:
+    """`program` run in a bare bwrap with a network of its own, started once the
+    proxy at `proxy_dir` was handed its init: its output, and why it had no internet (or None)."""
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     block_r, block_w = os.pipe2(os.O_CLOEXEC)
     argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent",
@@ -379,14 +380,18 @@ def hold_in_sandbox(proxy_dir: str, program: list[str]) -> tuple[subprocess.Pope
     os.close(info_w)
     os.close(block_r)
     try:
-        pidfd, pid = launch._init_pidfd(info_r)
-        assert pidfd is not None and pid is not None
-        why = internet.hand_over(proxy_dir, pidfd, pid)
-        os.close(pidfd)
-        return process, why
+        try:
+            pidfd, pid = launch._init_pidfd(info_r)
+            assert pidfd is not None and pid is not None
+            why = internet.hand_over(proxy_dir, pidfd, pid)
+            os.close(pidfd)
+        finally:
+            os.close(block_w)
+        return process.communicate(timeout=30)[0], why
     finally:
-        os.close(block_w)
-        os.close(info_r)
+        process.kill()
+        process.communicate()
+        os.close(info_r)  # only now: bwrap writes more after the pid, and would die of SIGPIPE without a reader
 
 
 FETCH = ("import socket, sys\ns = socket.create_connection(('127.0.0.1', 3128))\n"
@@ -413,9 +418,9 @@ def test_a_sandbox_handed_over_reaches_the_proxy_on_its_own_loopback_until_it_en
     pid = internet._answers(internet.socket_path(state))
     assert ask(state, b"NONSENSE\r\n\r\n").startswith(b"HTTP/1.1 400")  # its loop runs: what it holds for good
     before = sockets_and_pidfds(pid)
-    process, why = hold_in_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+    output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
     assert why is None
-    assert process.communicate(timeout=30)[0] == "HTTP/1.0 200 OK\n"
+    assert output == "HTTP/1.0 200 OK\n"
     wait_for(lambda: sockets_and_pidfds(pid) == before, what="the proxy to close the sandbox's listener")
 
 
@@ -432,3 +437,99 @@ def test_a_process_without_a_network_of_its_own_is_refused_and_the_caller_told_w
         "network of its own", why
     gone = internet.hand_over(str(tmp_path / "nowhere"), 0, 1)
     assert gone is not None and gone.startswith("the agent's proxy cannot be reached"), gone
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
+
+
+def handover_process(proxy_pid: int) -> int | None:
+    """The proxy's one live child: its hand-over process, once it runs."""
+    for child in children(proxy_pid):
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                return child
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_hand_over_process_that_died_is_started_again_and_the_proxy_does_not_spin(site, run_proxy):
+    require_sandbox()
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert pid is not None
+    first = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    os.kill(first, signal.SIGKILL)
+    second = wait_for(lambda: handover_process(pid) not in (None, first) and handover_process(pid),
+                      timeout=15, what="another hand-over process")
+    assert second != first
+    output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+    assert why is None, why
+    assert output == "HTTP/1.0 200 OK\n"
+    before = cpu_seconds(pid)
+    time.sleep(1)  # what an idle proxy spends in a second, against a spinning one's
+    assert cpu_seconds(pid) - before < 0.3, "the proxy spins"
+    assert "the hand-over process ended" in Path(state, "proxy.log").read_text()
+
+
+def test_as_root_a_hand_over_forks_nothing_and_leaves_nothing_of_the_sandbox_in_the_hand_over_process(site, run_proxy):
+    # Root may join a network from where it is: no process per call, and back home after each.
+    require_sandbox()
+    if os.geteuid() != 0:
+        pytest.skip("as an ordinary user, each hand-over takes a spare process (test_internet covers it)")
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert pid is not None
+    hands = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    before = sockets_and_pidfds(hands)
+    for _ in range(3):
+        output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+        assert why is None, why
+        assert output == "HTTP/1.0 200 OK\n"
+    assert handover_process(pid) == hands and children(hands) == [], "a process forked for a hand-over"
+    assert os.readlink(f"/proc/{hands}/ns/net") == os.readlink("/proc/self/ns/net"), "left in a sandbox's network"
+    assert sockets_and_pidfds(hands) == before, "a listener or a pidfd kept"
+
+
+def test_the_hand_over_script_imports_nothing_but_the_standard_library():
+    # It runs as `python -I -S handover.py`, and stays small so that its forks are cheap.
+    import ast
+
+    tree = ast.parse(Path(proxy.__file__).with_name("handover.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+    assert imported <= {"collections", "ctypes", "errno", "os", "signal", "socket", "sys"}, imported
+
+
+def test_a_caller_that_leaves_before_its_answer_leaves_the_hand_over_process_serving(site, run_proxy):
+    # serve killed mid-call closes its end first: the next call must find the hand-over as it was.
+    require_sandbox()
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert pid is not None
+    hands = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    with subprocess.Popen(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-all", "--die-with-parent",
+                           "--", "sleep", "60"]) as sandbox:
+        init = wait_for(lambda: children(sandbox.pid) and children(sandbox.pid)[0], what="the sandbox's init")
+        pidfd = os.pidfd_open(init)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as leaving:
+                leaving.connect(os.path.join(state, "proxy", "hand.sock"))
+                socket.send_fds(leaving, [b"%d" % init], [pidfd])
+        finally:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # its namespace with it: bwrap then ends
+            os.close(pidfd)
+    output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
+    assert why is None, why
+    assert output == "HTTP/1.0 200 OK\n"
+    assert handover_process(pid) == hands, "the hand-over process ended"

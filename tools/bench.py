@@ -731,12 +731,19 @@ def internet_cost(files: str, port: int):
         servers[label] = server
         server.call(1, {"program": "sh", "args": ["-c", "exit 0"]})  # the first starts the proxy
         server.wait(1)
-    for index in range(2, 202):
+    from linkrun.network import internet
+
+    proxy = internet._answers(internet.socket_path(os.path.join(scratch, "agent-internet", "State")))
+    hands = proxy_child(proxy)
+    cpu_before = proxy_cpu(proxy, hands)
+    calls = 200
+    for index in range(2, 2 + calls):
         for label, server in servers.items():
             t = time.perf_counter()
             server.call(index, {"program": "sh", "args": ["-c", "exit 0"]})
             server.wait(index)
             samples[label].append(time.perf_counter() - t)
+    cpu = [(after - before) * 1000 / calls for after, before in zip(proxy_cpu(proxy, hands), cpu_before, strict=True)]
     for server in servers.values():
         server.close()
     with_hosts, without = median_ms(samples["internet"]), median_ms(samples["none"])
@@ -744,6 +751,21 @@ def internet_cost(files: str, port: int):
         f"without: {starts['none']:.1f} ms ({starts['internet'] / starts['none']:.2f}×)")
     row("a call with [internet] hosts (the handed listener)", f"{with_hosts:.2f} ms", "target ≤ +1 ms",
         f"without: {without:.2f} ms (+{with_hosts - without:.2f} ms, {with_hosts / without:.2f}×)")
+    row(f"the proxy's CPU per call ({'by spares' if cpu[2] else 'in place'})", f"{sum(cpu):.2f} ms",
+        "", f"proxy {cpu[0]:.2f}, hand-over {cpu[1]:.2f}, its spares {cpu[2]:.2f} ms")
+
+
+def proxy_child(proxy: int) -> int:
+    """The proxy's hand-over process (its one child)."""
+    with open(f"/proc/{proxy}/task/{proxy}/children") as f:
+        return int(f.read().split()[0])
+
+
+def proxy_cpu(proxy: int, hands: int) -> tuple[float, float, float]:
+    """CPU seconds of the proxy, its hand-over process, and the spares that process reaped."""
+    with open(f"/proc/{hands}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return cpu_seconds(proxy), cpu_seconds(hands), (int(fields[13]) + int(fields[14])) / TICKS
 
 
 def faults(files: str):

@@ -226,6 +226,15 @@ def assert_the_init_was_cut_loose(printed: str) -> None:
         assert "prctl in pid 1 returned 0" in printed, printed
 
 
+def printed_by(up: Up, command_id: str) -> str:
+    """What a background command running LEAVE_A_PROCESS_BEHIND printed, once
+    all of it reached its output file (its supervisor pumps it there a little
+    after the program printed it)."""
+    wait_for(lambda: "left a process behind" in up.read_all(command_id), timeout=60,
+             what="the command's output to reach its file")
+    return up.read_all(command_id)
+
+
 def nothing_left(tag: str) -> bool:
     return not processes_with(tag)
 
@@ -309,7 +318,7 @@ def test_nothing_of_a_stopped_background_command_is_left(up_as: Up) -> None:
     tag = up_as.tag()
     command_id = up_as.start("python3", "-c", LEAVE_A_PROCESS_BEHIND, tag, "stay")
     wait_for(lambda: processes_with(tag + "-left"), timeout=60, what="the command to leave its process")
-    printed = up_as.read_all(command_id).strip()  # how its ptrace went
+    printed = printed_by(up_as, command_id).strip()  # how its ptrace went
     assert_the_init_was_cut_loose(printed)
     answer = up_as.stop(command_id)
     assert "stopped" in answer, answer
@@ -323,7 +332,7 @@ def test_a_sweep_ends_the_sandbox_of_a_killed_supervisor(up_as: Up) -> None:
     tag = up_as.tag()
     command_id = up_as.start("python3", "-c", LEAVE_A_PROCESS_BEHIND, tag, "stay")
     wait_for(lambda: processes_with(tag + "-left"), timeout=60, what="the command to leave its process")
-    assert_the_init_was_cut_loose(up_as.read_all(command_id))
+    assert_the_init_was_cut_loose(printed_by(up_as, command_id))
     record_file = up_as.state / f"{command_id}.json"
     wait_for(lambda: orjson.loads(record_file.read_bytes())["init_pid"], what="the record to name the sandbox's init")
     record = orjson.loads(record_file.read_bytes())

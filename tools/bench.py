@@ -571,6 +571,8 @@ def sandbox(files: str):
         f"the fixed argv's /bin/true: {median_ms(bare) / median_ms(least):.2f}×")
     row("command `sh -c 'echo hi'` through up, against the minimal bwrap", f"{median_ms(echo) / median_ms(least):.2f}×",
         "target ≤ 1.4×", f"echo hi: {median_ms(echo):.2f} ms; minimal bwrap: {median_ms(least):.2f} ms")
+    figure("`echo hi` through up, a whole MCP call", f"{median_ms(echo):.2f} ms ({median_ms(echo) / median_ms(least):.2f}×)",
+           f"a minimal bwrap of /bin/true: {median_ms(least):.2f} ms")
     row("  /bin/true: the fixed argv against it without v4's hardening", f"{median_ms(bare) / median_ms(soft):.2f}×",
         "", f"with: {median_ms(bare):.2f} ms; without /proc's read-only binds, /dev read-only and the filter: "
         f"{median_ms(soft):.2f} ms")
@@ -623,6 +625,7 @@ def limits_cost(files: str):
     row(f"a call joining its cgroup (v{place.version}: {', '.join(place.folders)})",
         f"+{limited - plain:.2f} ms", "target well under 1 ms",
         f"`true` with limits: {limited:.2f} ms; without: {plain:.2f} ms")
+    figure("a call's cgroup (memory, tasks, CPU limits)", f"+{limited - plain:.2f} ms", f"the same call without: {plain:.2f} ms")
     for server in servers:
         server.close()
 
@@ -751,6 +754,7 @@ def internet_cost(files: str, port: int):
         f"without: {starts['none']:.1f} ms ({starts['internet'] / starts['none']:.2f}×)")
     row("a call with [internet] hosts (the handed listener)", f"{with_hosts:.2f} ms", "target ≤ +1 ms",
         f"without: {without:.2f} ms (+{with_hosts - without:.2f} ms, {with_hosts / without:.2f}×)")
+    figure("a call with `[internet]` hosts", f"+{with_hosts - without:.2f} ms", f"the same call without: {without:.2f} ms")
     row(f"the proxy's CPU per call ({'by spares' if cpu[2] else 'in place'})", f"{sum(cpu):.2f} ms",
         "", f"proxy {cpu[0]:.2f}, hand-over {cpu[1]:.2f}, its spares {cpu[2]:.2f} ms")
 
@@ -996,7 +1000,7 @@ GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background
           "proxy": proxy_group, "faults": faults, "agents": agents}
 
 
-README_GROUPS = ("background", "agents")  # the groups whose figures README's table shows
+README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows
 README_START, README_END = "<!-- bench: how fast -->", "<!-- bench: end -->"
 
 

@@ -118,7 +118,7 @@ def only_the_spare(groups: list[str]) -> bool:
 def members(group: str) -> str:
     try:
         return Path(group, "cgroup.procs").read_text()
-    except (FileNotFoundError, OSError):  # removed meanwhile (a folder being removed answers ENODEV)
+    except OSError:  # removed meanwhile: gone, or ENODEV while it is being removed
         return ""
 
 

@@ -455,6 +455,14 @@ def handover_process(proxy_pid: int) -> int | None:
     return None
 
 
+def proxy_and_hand_over(run_proxy, site: int) -> tuple[str, int, int]:
+    """A proxy admitting the site: its state folder, its pid, and its hand-over process's once that runs."""
+    state = run_proxy(f"127.0.0.2:{site}")
+    pid = internet._answers(internet.socket_path(state))
+    assert pid is not None
+    return state, pid, wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -462,10 +470,7 @@ def cpu_seconds(pid: int) -> float:
 
 def test_a_hand_over_process_that_died_is_started_again_and_the_proxy_does_not_spin(site, run_proxy):
     require_sandbox()
-    state = run_proxy(f"127.0.0.2:{site}")
-    pid = internet._answers(internet.socket_path(state))
-    assert pid is not None
-    first = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    state, pid, first = proxy_and_hand_over(run_proxy, site)
     os.kill(first, signal.SIGKILL)
     second = wait_for(lambda: handover_process(pid) not in (None, first) and handover_process(pid),
                       timeout=15, what="another hand-over process")
@@ -484,10 +489,7 @@ def test_as_root_a_hand_over_forks_nothing_and_leaves_nothing_of_the_sandbox_in_
     require_sandbox()
     if os.geteuid() != 0:
         pytest.skip("as an ordinary user, each hand-over takes a spare process (test_internet covers it)")
-    state = run_proxy(f"127.0.0.2:{site}")
-    pid = internet._answers(internet.socket_path(state))
-    assert pid is not None
-    hands = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    state, pid, hands = proxy_and_hand_over(run_proxy, site)
     before = sockets_and_pidfds(hands)
     for _ in range(3):
         output, why = run_in_held_sandbox(os.path.join(state, "proxy"), [sys.executable, "-I", "-c", FETCH, str(site)])
@@ -514,10 +516,7 @@ def test_the_hand_over_script_imports_nothing_but_the_standard_library():
 def test_a_caller_that_leaves_before_its_answer_leaves_the_hand_over_process_serving(site, run_proxy):
     # serve killed mid-call closes its end first: the next call must find the hand-over as it was.
     require_sandbox()
-    state = run_proxy(f"127.0.0.2:{site}")
-    pid = internet._answers(internet.socket_path(state))
-    assert pid is not None
-    hands = wait_for(lambda: handover_process(pid), what="the hand-over process to start")
+    state, pid, hands = proxy_and_hand_over(run_proxy, site)
     with subprocess.Popen(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-all", "--die-with-parent",
                            "--", "sleep", "60"]) as sandbox:
         init = wait_for(lambda: children(sandbox.pid) and children(sandbox.pid)[0], what="the sandbox's init")

@@ -230,9 +230,11 @@ def printed_by(up: Up, command_id: str) -> str:
     """What a background command running LEAVE_A_PROCESS_BEHIND printed, once
     all of it reached its output file (its supervisor pumps it there a little
     after the program printed it)."""
-    wait_for(lambda: "left a process behind" in up.read_all(command_id), timeout=60,
-             what="the command's output to reach its file")
-    return up.read_all(command_id)
+    def whole() -> str | None:
+        text = up.read_all(command_id)
+        return text if "left a process behind" in text else None
+
+    return wait_for(whole, timeout=60, what="the command's output to reach its file")
 
 
 def nothing_left(tag: str) -> bool:

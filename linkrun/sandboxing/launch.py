@@ -44,6 +44,7 @@ launch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import resource
@@ -70,6 +71,34 @@ class Sandbox:
     proxy_dir: str | None = None  # the agent's proxy's folder, when calls have the internet
     seccomp: str | None = None  # the filter file, opened afresh for each launch
     limits: Limits | None = None  # each launch in a cgroup of its own with these, where one can be had
+
+    @functools.cached_property
+    def prlimit_prefix(self) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """The fixed part's `prlimit ... --` prefix, read once: its length and
+        its limits, which a launch that watches its init sets on it itself
+        (`init_pidfd`), an exec fewer per call. (0, ()) without one, or with
+        a flag not known here."""
+        if not self.fixed or os.path.basename(self.fixed[0]) != "prlimit" or "--" not in self.fixed:
+            return 0, ()
+        end = self.fixed.index("--")
+        rlimits = []
+        for flag in self.fixed[1:end]:
+            name, _, value = flag.partition("=")
+            if name not in _RLIMITS or not value.isdigit():
+                return 0, ()
+            rlimits.append((_RLIMITS[name], int(value)))
+        return end + 1, tuple(rlimits)
+
+    @functools.cached_property
+    def etc_view_at(self) -> int:
+        """Where the fixed part binds the agent's /etc view (`--ro-bind <view> /etc`), read once; -1 when it binds none."""
+        from ..detached.records import ETC_VIEW
+        from .etcview import ETC
+
+        for at in range(len(self.fixed) - 2):
+            if self.fixed[at] == "--ro-bind" and self.fixed[at + 2] == ETC and self.fixed[at + 1].endswith(f"/{ETC_VIEW}"):
+                return at
+        return -1
 
     @property
     def real(self) -> bool:
@@ -234,7 +263,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             os.close(fd)
     launch = Launch([], fds, env={})
     try:
-        fixed = _with_etc_view(list(sandbox.fixed), launch)
+        fixed = _with_etc_view(sandbox, launch)
         if sandbox.seccomp is not None:
             try:
                 filter_fd = os.open(sandbox.seccomp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -249,7 +278,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
             launch.info_r, info_w = os.pipe2(os.O_CLOEXEC)
             launch.fds.append(info_w)
             part += ["--info-fd", str(info_w)]
-            fixed = _limits_without_exec(fixed, launch, part)
+            fixed = _limits_without_exec(sandbox, fixed, launch, part)
             if sandbox.proxy_dir is not None:
                 launch.proxy_dir = sandbox.proxy_dir
                 part += _hold_program(launch)
@@ -269,15 +298,15 @@ def _hold_program(launch: Launch) -> list[str]:
     return ["--block-fd", str(block_r)]
 
 
-def _with_etc_view(fixed: list[str], launch: Launch) -> list[str]:
+def _with_etc_view(sandbox: Sandbox, launch: Launch) -> list[str]:
     """The fixed part binding the current /etc view by a descriptor that the
     launch holds until the sandbox ended (etcview.py), the view refreshed
-    first when the host's /etc changed; unchanged when it binds none."""
-    from ..detached.records import ETC_VIEW
-    from .etcview import ETC, pin, refresh
+    first when the host's /etc changed; as it is when it binds none."""
+    fixed = list(sandbox.fixed)
+    at = sandbox.etc_view_at
+    if at >= 0:
+        from .etcview import pin, refresh
 
-    at = fixed.index(ETC) - 2 if ETC in fixed else -1
-    if at >= 0 and fixed[at] == "--ro-bind" and fixed[at + 1].endswith(f"/{ETC_VIEW}"):
         refresh(fixed[at + 1])
         view = pin(fixed[at + 1])
         launch.fds.append(view)
@@ -286,22 +315,14 @@ def _with_etc_view(fixed: list[str], launch: Launch) -> list[str]:
     return fixed
 
 
-def _limits_without_exec(fixed: list[str], launch: Launch, part: list[str]) -> list[str]:
+def _limits_without_exec(sandbox: Sandbox, fixed: list[str], launch: Launch, part: list[str]) -> list[str]:
     """The fixed part without its `prlimit ... --` prefix, whose limits the
-    launch sets on the sandbox's init itself (`init_pidfd`): an exec fewer per
-    call. Unchanged when the prefix holds a flag not known here."""
-    if not fixed or os.path.basename(fixed[0]) != "prlimit" or "--" not in fixed:
+    launch sets on the sandbox's init itself while bwrap holds the program."""
+    length, launch.rlimits = sandbox.prlimit_prefix
+    if not length:
         return fixed
-    end = fixed.index("--")
-    rlimits = []
-    for flag in fixed[1:end]:
-        name, _, value = flag.partition("=")
-        if name not in _RLIMITS or not value.isdigit():
-            return fixed
-        rlimits.append((_RLIMITS[name], int(value)))
-    launch.rlimits = tuple(rlimits)
     part += _hold_program(launch)
-    return fixed[end + 1:]
+    return fixed[length:]
 
 
 _RLIMITS = {"--core": resource.RLIMIT_CORE, "--fsize": resource.RLIMIT_FSIZE, "--nproc": resource.RLIMIT_NPROC}

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from . import internet
 from ..detached import records
+from ..processes.child import signal_name
 
 BACKLOG = 256  # connections a listener queues before the proxy accepts them
 RESTART_DELAY = 1.0  # seconds before a hand-over process that ended is started again: one that cannot start never spins
@@ -119,5 +120,5 @@ def _spawn(hand: socket.socket, channel: socket.socket) -> int:
 
 def _how(status: int) -> str:
     if os.WIFSIGNALED(status):
-        return f"killed by signal {os.WTERMSIG(status)}"
+        return f"killed by {signal_name(os.WTERMSIG(status))}"
     return f"exit {os.WEXITSTATUS(status)}"

@@ -95,9 +95,9 @@ class Probe:
         if "writable" in lines[2:]:
             raise LinkRunError(f"the files folder {folder.files} is writable inside the sandbox",
                                "do not run the sandbox with capabilities; report this as a bug")
-        if "proc-sys-read-only" not in lines[2:]:
-            raise LinkRunError("the kernel's settings (/proc/sys) are writable inside the sandbox",
-                               "update bubblewrap (0.8 or later binds it read-only as asked); report this as a bug")
+        if "proc-read-only" not in lines[2:]:
+            raise LinkRunError("/proc, the kernel's settings among it, is writable inside the sandbox",
+                               "update bubblewrap (--remount-ro needs 0.4 or later); report this as a bug")
         if "dev-read-only" not in lines[2:]:
             raise LinkRunError("/dev is writable inside the sandbox (a tmpfs of half the memory)",
                                "update bubblewrap (--remount-ro /dev needs 0.4 or later); report this as a bug")
@@ -118,11 +118,11 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
     # `stat` tells the files folder itself from a folder of the same name
     # that bwrap made inside because the real one was not shown.
     # The rest reads, never writes, what no program may change: the mount of
-    # /proc/sys, bwrap's own environment (pid 1's), and the filter's mode.
+    # /proc, bwrap's own environment (pid 1's), and the filter's mode.
     script = ("pwd -P; stat -L -c %d:%i .; if (: >.lnk-probe) 2>/dev/null; then rm -f .lnk-probe; echo writable; fi; "
               # the shell's builtins alone from here: each exec inside costs up's start
-              "while read -r _ _ _ _ at options _; do [ \"$at\" = /proc/sys ] && case $options in ro,*) "
-              "echo proc-sys-read-only;; esac; done < /proc/self/mountinfo; "
+              "while read -r _ _ _ _ at options _; do [ \"$at\" = /proc ] && case $options in ro,*) "
+              "echo proc-read-only;; esac; done < /proc/self/mountinfo; "
               "if (: >/dev/.lnk-probe) 2>/dev/null; then rm -f /dev/.lnk-probe; else echo dev-read-only; fi; "
               "if [ -s /proc/1/environ ]; then echo environ kept; else echo environ 0; fi; "
               "while read -r key value; do [ \"$key\" = Seccomp: ] && echo \"Seccomp: $value\"; done < /proc/self/status; true")
@@ -230,7 +230,7 @@ def _sandbox_starts(folder: agent_folder.AgentFolder, settings: sandbox.SandboxF
         yield "FAIL", error.message, error.hint
         return None
     yield "ok", "the sandbox starts, in the files folder, which it cannot write but for its write folders", ""
-    yield "ok", "inside, the kernel's settings (/proc/sys) and /dev are read-only, and no process has the " \
+    yield "ok", "inside, the kernel's settings (/proc) and /dev are read-only, and no process has the " \
         "caller's environment", ""
     if filter_path:
         yield "ok", "the syscall filter is loaded inside (io_uring, keys, bpf, the mount API, new namespaces " \

@@ -80,6 +80,18 @@ except OSError as error:
     print("refused:", error.strerror)
 """
 
+# Opens a process's own kernel files for writing: its memory (which a write
+# reaches through read-only mappings), its out-of-memory score, its name.
+OPEN_OWN_PROC_FILES = r"""
+import os
+for name in ("mem", "oom_score_adj", "comm"):
+    try:
+        os.close(os.open(f"/proc/self/{name}", os.O_WRONLY))
+        print(name, "opened for writing")
+    except OSError as error:
+        print(name, "refused:", error.strerror)
+"""
+
 # Reads the environment of every process inside; prints, per process, which
 # of its variables name argv[1].
 READ_ENVIRONMENTS = r"""
@@ -252,6 +264,22 @@ def test_proc_kernel_files_are_read_only_inside(up_as: Up) -> None:
 
 def test_a_kernel_setting_cannot_be_opened_for_writing(up_as: Up) -> None:
     assert "refused:" in up_as.python(OPEN_LEASE_BREAK_TIME)
+
+
+def test_a_process_cannot_write_its_own_proc_files(up_as: Up) -> None:
+    """/proc is read-only whole: one remount, not a bind per kernel folder."""
+    text = up_as.python(OPEN_OWN_PROC_FILES)
+    assert text.count("refused: Read-only file system") == 3, text
+
+
+def test_a_program_writes_to_its_output_through_proc(up_as: Up) -> None:
+    """What a read-only /proc leaves as it was: /dev/stderr and /proc/self/fd/N
+    lead to the file itself, which is as writable as it was."""
+    result = up_as.command("sh", "-c", "echo to-err >/dev/stderr; echo to-out >/proc/self/fd/1; "
+                           "exec 3>/tmp/f; echo via-3 >/proc/self/fd/3; cat /tmp/f")
+    text = text_of(result)
+    assert not result.get("isError"), text
+    assert "to-err" in text and "to-out" in text and "via-3" in text, text
 
 
 # The caller's environment

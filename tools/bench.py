@@ -584,12 +584,12 @@ def sandbox(files: str):
 
 
 def _without_hardening(argv: list[str]) -> list[str]:
-    """The fixed argv as it was before v4: no read-only binds over /proc, /dev writable, no filter."""
+    """The fixed argv as it was before v4: /proc and /dev writable, no filter."""
     kept, index = [], 0
     while index < len(argv):
         if argv[index] == "--ro-bind" and argv[index + 1].startswith("/proc/"):
             index += 3
-        elif argv[index] == "--seccomp" or argv[index:index + 2] == ["--remount-ro", "/dev"]:
+        elif argv[index] == "--seccomp" or argv[index:index + 2] in (["--remount-ro", "/dev"], ["--remount-ro", "/proc"]):
             index += 2
         else:
             kept.append(argv[index])

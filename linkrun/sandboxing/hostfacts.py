@@ -23,7 +23,6 @@ class Host:
     root: tuple[tuple[str, str | None], ...]  # (/bin, "usr/bin") a link; (/bin, None) a folder
     nproc: int  # --nproc: the uid's current count of tasks plus a wide margin
     fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
-    proc_read_only: tuple[str, ...] = ("/proc/sys",)  # the kernel's writable files in /proc, bound read-only
     memory_total: int = 0  # bytes of memory this machine has
     cpus: int = 1  # the cores this process may run on
 
@@ -43,38 +42,6 @@ def memory_total() -> int:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def kernel_files_of_proc(proc: str = "/proc") -> tuple[str, ...]:
-    """The top-level entries of /proc that hold a writable file and are not a
-    process's own: the kernel's settings (`sys/`), `sysrq-trigger`, `irq/`,
-    `bus/`, `mtrr`, `pressure/` and the like, as this kernel has them.
-
-    As root a sandbox runs as the host's uid 0, and much of /proc checks only
-    that uid and the mode bits, never a capability: `/proc/sys/kernel/core_pattern`
-    written inside runs a program on the host as real root. bwrap guards
-    these only where the folder itself is writable, which it never is, so the
-    sandbox binds each one read-only over its own /proc.
-    """
-    found = []
-    for entry in sorted(os.scandir(proc), key=lambda e: e.name):
-        if entry.name.isdigit() or entry.name in ("self", "thread-self") or entry.is_symlink():
-            continue
-        if entry.name == "sys" or _holds_writable(entry, depth=4):
-            found.append(entry.path)
-    return tuple(found)
-
-
-def _holds_writable(entry: os.DirEntry, depth: int) -> bool:
-    try:
-        if entry.stat(follow_symlinks=False).st_mode & 0o222 and not entry.is_dir(follow_symlinks=False):
-            return True
-        if depth == 0 or not entry.is_dir(follow_symlinks=False):
-            return False
-        with os.scandir(entry.path) as children:
-            return any(_holds_writable(child, depth - 1) for child in children)
-    except OSError:
-        return False
 
 
 def hard_limit(which: int) -> int | None:

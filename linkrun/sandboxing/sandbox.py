@@ -30,7 +30,7 @@ from ..config import Limits
 from ..config import parse_size, split_flags
 from ..errors import LinkRunError, UsageError
 from ..processes.group import kill_init
-from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, kernel_files_of_proc, memory_total, nproc_limit
+from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, memory_total, nproc_limit
 from .launch import Sandbox, prepare, program_argv
 from ..processes.programs import which
 
@@ -228,7 +228,6 @@ def host_facts() -> Host:
         root=tuple(entries("/", ROOT_FOLDERS)),
         nproc=nproc_limit(int(defaults()["limits"]["nproc_margin"])),
         fsize_max=hard_limit(resource.RLIMIT_FSIZE),
-        proc_read_only=kernel_files_of_proc(),
         memory_total=memory_total(),
         cpus=len(os.sched_getaffinity(0)),
     )
@@ -329,9 +328,12 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
     # binds the view it pins by a descriptor in place of this path.
     argv += ["--ro-bind", etcview.link_of(folder.state), etcview.ETC]
     tmp = str(sandbox.tmp_size)
-    argv += ["--proc", "/proc"]
-    for path in host.proc_read_only:
-        argv += ["--ro-bind", path, path]
+    # /proc read-only whole, by one remount: as root a sandbox runs as the
+    # host's uid 0, and much of /proc checks only that uid and the mode bits
+    # (/proc/sys/kernel/core_pattern written inside runs a program on the
+    # host as real root). A bind per kernel folder cost a mount each; a
+    # process's own files (its mem, its oom_score_adj) are read-only too.
+    argv += ["--proc", "/proc", "--remount-ro", "/proc"]
     # /dev is a tmpfs of bwrap's without a size: read-only once its nodes are
     # made, so nothing fills memory there (its own /dev/shm keeps a size).
     argv += ["--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",

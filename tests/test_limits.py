@@ -109,10 +109,10 @@ def groups_of(pid: int) -> list[str]:
             for name in os.listdir(folder) if name.startswith(prefix)]
 
 
-def only_the_spare(groups: list[str]) -> bool:
-    """At most the one group serve made ahead for its next call remains, and nothing is in it."""
+def only_kept_groups(groups: list[str]) -> bool:
+    """Only the groups serve keeps for its next calls remain, and nothing is in them."""
     names = {os.path.basename(group) for group in groups}
-    return len(names) <= 1 and not any(members(group) for group in groups)
+    return len(names) <= cgroups.KEEP and not any(members(group) for group in groups)
 
 
 def members(group: str) -> str:
@@ -219,10 +219,25 @@ def test_calls_within_their_limits_are_unchanged_and_nothing_of_them_outlives_th
     assert left["structuredContent"]["output"] == "left"
     wait_for(lambda: not processes_with(tag), timeout=10, what="what the call left to die with it")
     pid = serve_pid(up)
-    wait_for(lambda: only_the_spare(groups_of(pid)), timeout=10, what="the calls' groups to be removed")
+    wait_for(lambda: only_kept_groups(groups_of(pid)), timeout=10, what="the calls' groups to be removed")
     up.server.process.stdin.close()  # serve's end: the group made ahead goes too
     assert up.server.process.wait(timeout=10) == 0
     assert not groups_of(pid)
+
+
+def test_a_group_its_call_left_empty_serves_the_next_calls_and_counts_from_there(limited):
+    """A group is kept for the next call, not removed and made again (a
+    mkdir and an rmdir a call); a limit its last call hit is not the next's."""
+    require_controllers("memory", "pids")
+    up = limited('memory = "64M"\ntasks = 64')
+    pid = serve_pid(up)
+    hit = up.command("python3", "-c", HOG, "256")["structuredContent"]
+    assert hit["limit"] == "memory"
+    for _ in range(6):
+        assert up.command("sh", "-c", "true")["structuredContent"]["limit"] is None
+    wait_for(lambda: only_kept_groups(groups_of(pid)), timeout=10, what="the calls' groups to be kept empty")
+    made = {int(os.path.basename(group).rsplit("-", 1)[1]) for group in groups_of(pid)}
+    assert max(made) <= 3, made  # the group of each call is named for the count made so far
 
 
 # -- background commands ---------------------------------------------------------------
@@ -354,7 +369,7 @@ def test_an_ordinary_users_serve_limits_its_calls_through_a_subtree_handed_to_it
         assert result["structuredContent"]["limit"] == "tasks", text_of(result)
         made = lambda: [os.path.join(f, name) for f in delegated for name in os.listdir(f)  # noqa: E731
                         if name.startswith("lnk-")]
-        wait_for(lambda: only_the_spare(made()), timeout=10, what="the call's group to go")
+        wait_for(lambda: only_kept_groups(made()), timeout=10, what="the call's group to go")
         assert os.stat(f"/proc/{up.server.process.pid}").st_uid == tester.pw_uid
         up.server.process.stdin.close()  # serve's end removes the group it made ahead, as the user too
         assert up.server.process.wait(timeout=10) == 0

@@ -111,15 +111,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # loaded only by a launch with limits
     from ..sandboxing import cgroups
 
-# Calls' cgroups still being removed, so that shutdown removes them before it exits.
+# Calls' cgroups not yet kept or removed, so that shutdown removes them before it exits.
 _groups: set[cgroups.Group] = set()
 _groups_made = False
-# Removed one after another by one thread, made at the first: no thread is made on a call's path.
+# Kept or removed one after another by one thread, made at the first: no thread is made on a call's path.
 _removals: queue.SimpleQueue[cgroups.Group] = queue.SimpleQueue()
 
 
 def _remove_soon(group: cgroups.Group) -> None:
-    """Off the answer's path: its members take milliseconds to leave."""
+    """Off the answer's path: kept for the next call once its members left
+    (they take milliseconds), else removed."""
     global _groups_made
     with _leftovers_lock:
         _groups.add(group)
@@ -135,8 +136,9 @@ def _remove_groups() -> None:
     while True:
         group = _removals.get()
         try:
-            cgroups.make_spare(group.limits)  # first the next call's, while no answer waits
-            group.remove()
+            if not cgroups.give_back(group):  # kept for the next call: no group to make
+                group.remove()
+                cgroups.make_spare(group.limits)
         except Exception as problem:  # a bug of ours: said, and the next groups are still removed
             print(f"lnk-link-run serve: cannot remove a call's cgroup: {problem!r}", file=sys.stderr)
         with _leftovers_lock:

@@ -30,6 +30,7 @@ import functools
 import itertools
 import os
 import re
+import select
 import signal
 import threading
 import time
@@ -108,11 +109,18 @@ def _below(point: str, root: str, path: str) -> str | None:
 
 
 def _read(path: str) -> str:
+    """A small kernel file's text ("" when it cannot be read): one open and
+    one read, without the buffered file's extra calls."""
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        return os.read(fd, 65536).decode()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 @functools.cache
@@ -203,6 +211,7 @@ class Group:
     version: int
     folders: tuple[str, ...]
     limits: Limits
+    seen: tuple[int, int] = (0, 0)  # its out-of-memory kills and refused forks when its last call ended
 
     @property
     def procs(self) -> list[str]:
@@ -218,17 +227,25 @@ class Group:
 
     def limit_hit(self) -> str | None:
         """"memory" when its out-of-memory killer killed in it, "tasks" when a
-        fork was refused at its task limit, else None."""
+        fork was refused at its task limit, else None: since the last look,
+        as a group kept for the next call counts on (`give_back`)."""
+        before, self.seen = self.seen, self._counts()
+        if self.seen[0] > before[0]:
+            return "memory"
+        if self.seen[1] > before[1]:
+            return "tasks"
+        return None
+
+    def _counts(self) -> tuple[int, int]:
+        kills = refused = 0
         for folder in self.folders:
             if self.version == 2:
-                if _count(folder, "memory.events", "oom_kill") or _count(folder, "memory.events", "oom_group_kill"):
-                    return "memory"
-            elif _count(folder, "memory.oom_control", "oom_kill"):
-                return "memory"
-        for folder in self.folders:
-            if _count(folder, "pids.events", "max"):
-                return "tasks"
-        return None
+                events = _read(os.path.join(folder, "memory.events"))
+                kills += _counted(events, "oom_kill") + _counted(events, "oom_group_kill")
+            else:
+                kills += _counted(_read(os.path.join(folder, "memory.oom_control")), "oom_kill")
+            refused += _counted(_read(os.path.join(folder, "pids.events")), "max")
+        return kills, refused
 
     @contextlib.contextmanager
     def spawning(self) -> Iterator[None]:
@@ -254,6 +271,24 @@ class Group:
         for folder in self.folders:
             pids.update(int(pid) for pid in _read(os.path.join(folder, "cgroup.procs")).split())
         return sorted(pids)
+
+    def wait_empty(self, wait: float) -> bool:
+        """Whether the group is empty, once its members ended (each waited
+        for by a pidfd) or `wait` seconds passed."""
+        deadline = time.monotonic() + wait
+        while pids := self.members():
+            for pid in pids:
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except OSError:
+                    continue  # ended already
+                try:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([pidfd], [], [], left)[0]:
+                        return False
+                finally:
+                    os.close(pidfd)
+        return True
 
     def kill(self) -> None:
         """SIGKILL to every member: at once in v2, member by member in v1 (each
@@ -293,8 +328,9 @@ class Group:
             time.sleep(0.002)
 
 
-def _count(folder: str, name: str, key: str) -> int:
-    for line in _read(os.path.join(folder, name)).splitlines():
+def _counted(text: str, key: str) -> int:
+    """The value of `key` in a kernel file of `key value` lines (0 when it has none)."""
+    for line in text.splitlines():
         field, _, value = line.partition(" ")
         if field == key:
             return int(value)
@@ -353,27 +389,46 @@ def make(limits: Limits, name: str | None = None, where: Place | None = None) ->
 
 # -- groups made ahead ---------------------------------------------------------
 
-# serve makes the next call's group off the answer's path (mkdir and the
-# limits' files cost some 0.6 ms for three controllers), at most one per
-# limits. A serve killed outright leaves its spare to the next serve's
-# `end_orphans`, like any group of a process that is gone.
-_spares: dict[Limits, Group] = {}
+# serve keeps the groups its calls left empty, and makes the next call's
+# group off the answer's path when it has none (mkdir and the limits' files
+# cost some 0.6 ms for three controllers, and removing one as much): a call
+# takes a kept group. A serve killed outright leaves its kept groups to the
+# next serve's `end_orphans`, like any group of a process that is gone.
+_spares: dict[Limits, list[Group]] = {}
 _spares_lock = threading.Lock()
-_spares_closed = threading.Event()  # set at shutdown: no group is made ahead any more
+_spares_closed = threading.Event()  # set at shutdown: no group is made ahead or kept any more
+KEEP = 32  # the most empty groups kept per limits: as many calls as ran at once, within reason
 
 
 def take(limits: Limits) -> Group | None:
-    """A group for one launch: the one made ahead for these limits, else a new one (as `make`)."""
+    """A group for one launch: a kept one for these limits, else a new one (as `make`)."""
     with _spares_lock:
-        group = _spares.pop(limits, None)
+        kept = _spares.get(limits)
+        group = kept.pop() if kept else None
     return group if group is not None else make(limits)
 
 
-def make_spare(limits: Limits) -> None:
-    """Make the next call's group now, off the answer's path. A group that
-    cannot be made is left to the next call, which says why."""
+def give_back(group: Group, wait: float = 5.0) -> bool:
+    """After its call: True when the group is kept for the next call with its
+    limits, which it is once nothing is left in it (the sandbox's init takes
+    some milliseconds to end after its call: waited for, up to `wait`
+    seconds); else the caller removes it. Call `limit_hit` first: the next
+    call counts on from there."""
+    if not group.wait_empty(wait):
+        return False
     with _spares_lock:
-        if _spares_closed.is_set() or limits in _spares:
+        kept = _spares.setdefault(group.limits, [])
+        if _spares_closed.is_set() or len(kept) >= KEEP:
+            return False
+        kept.append(group)
+    return True
+
+
+def make_spare(limits: Limits) -> None:
+    """Make the next call's group now, off the answer's path, unless one is
+    kept. A group that cannot be made is left to the next call, which says why."""
+    with _spares_lock:
+        if _spares_closed.is_set() or _spares.get(limits):
             return
     try:
         group = make(limits)
@@ -382,17 +437,17 @@ def make_spare(limits: Limits) -> None:
     if group is None:
         return
     with _spares_lock:
-        if not _spares_closed.is_set() and limits not in _spares:
-            _spares[limits] = group
+        if not _spares_closed.is_set() and not _spares.get(limits):
+            _spares[limits] = [group]
             return
     group.remove(wait=1.0)
 
 
 def remove_spares() -> None:
-    """At shutdown: no group is made ahead any more, and those made are removed."""
+    """At shutdown: no group is made ahead or kept any more, and those made or kept are removed."""
     with _spares_lock:
         _spares_closed.set()
-        spares = list(_spares.values())
+        spares = [group for kept in _spares.values() for group in kept]
         _spares.clear()
     for group in spares:
         group.remove(wait=1.0)

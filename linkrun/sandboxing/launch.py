@@ -371,9 +371,17 @@ def _child_pid(info: bytes) -> int | None:
 
 def _is_namespace_init(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            status = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-        ns_pids = status[b"NSpid"].split()  # its pid in each namespace, ours first
-    except (OSError, KeyError):
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return False
+    try:
+        status = os.read(fd, 8192)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    at = status.find(b"\nNSpid:")
+    if at < 0:
+        return False
+    ns_pids = status[at + 7:status.find(b"\n", at + 1)].split()  # its pid in each namespace, ours first
     return len(ns_pids) > 1 and ns_pids[-1] == b"1"

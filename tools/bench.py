@@ -34,6 +34,11 @@ INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+# The issue's baseline: the least sandbox bwrap makes (every namespace, the host read-only).
+BARE_BWRAP = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--new-session",
+              "--dev", "/dev", "--proc", "/proc", "--"]
+
+
 def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
@@ -533,8 +538,7 @@ def sandbox(files: str):
         finally:
             os.close(fd)
 
-    minimal = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--new-session",
-               "--dev", "/dev", "--proc", "/proc", "--", "/bin/true"]
+    minimal = BARE_BWRAP + ["/bin/true"]
     unhardened = _without_hardening(bare_argv)
     server = Server(SERVER + ["up", "--agent", agent])
     server.send(INIT)
@@ -846,8 +850,6 @@ def faults(files: str):
 AGENT_COUNTS = (1, 2, 4, 8)
 CALLS_EACH = 40  # per client and round
 ECHO = {"program": "sh", "args": ["-c", "echo hi"]}
-BARE_BWRAP = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--new-session",
-              "--dev", "/dev", "--proc", "/proc", "--"]
 _together = None  # the pool's barrier: every client starts its loop at once
 
 
@@ -970,14 +972,15 @@ def agents(files: str) -> None:
 
 def sleeps_at_once(files: str, rounds: int = 3) -> None:
     """20 × `sleep 0.5` sent at once through up, against the same through
-    serve with the pass-through sandbox, interleaved."""
+    serve with the pass-through sandbox and 20 bare minimal bwraps of it
+    started at once, interleaved."""
     scratch = os.path.dirname(files)
     servers = {"up": Server(SERVER + ["up", "--agent", os.path.join(scratch, "agent-sleeps")]),
                "serve": Server(serve_argv(files))}
     for server in servers.values():
         server.send(INIT)
         server.wait(0)
-    times: dict[str, list[float]] = {"up": [], "serve": []}
+    times: dict[str, list[float]] = {"up": [], "serve": [], "bare": []}
     for round_ in range(rounds):
         for label, server in servers.items():
             ids = range(100 * round_ + 1, 100 * round_ + 21)
@@ -988,12 +991,19 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
                 if server.wait(request_id)[1]["result"].get("isError"):
                     raise RuntimeError(f"a sleep through {label} failed")
             times[label].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        bare = [subprocess.Popen(BARE_BWRAP + ["sh", "-c", "sleep 0.5"], env={}) for _ in range(20)]
+        for process in bare:
+            process.wait()
+        times["bare"].append(time.perf_counter() - t)
     for server in servers.values():
         server.close()
-    up, serve = statistics.median(times["up"]), statistics.median(times["serve"])
+    up, serve, bare_s = (statistics.median(times[label]) for label in ("up", "serve", "bare"))
     row("20 × `sleep 0.5` at once through up: all answered", f"{up:.3f} s", "target ≤ 0.6 s",
-        f"through serve, pass-through sandbox: {serve:.3f} s; one sleep: 0.5 s")
-    figure("20 × `sleep 0.5` at once through up", f"{up:.3f} s", f"pass-through sandbox: {serve:.3f} s; 0.5 s")
+        f"through serve, pass-through sandbox: {serve:.3f} s; 20 minimal bwraps of it at once: {bare_s:.3f} s "
+        f"({up / bare_s:.2f}×); one sleep: 0.5 s")
+    figure("20 × `sleep 0.5` at once through up", f"{up:.3f} s ({up / bare_s:.2f}×)",
+           f"20 minimal bwraps at once: {bare_s:.3f} s; pass-through sandbox: {serve:.3f} s; 0.5 s")
 
 
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,

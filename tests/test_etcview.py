@@ -7,6 +7,7 @@ changes a file, as the view takes its source folder as a parameter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -210,15 +211,18 @@ def watched_in(etc: Path) -> int:
     return 1 + sum(1 for _, info in etcview.entries(str(etc)) if info is not None and not stat.S_ISLNK(info.st_mode))
 
 
-@pytest.mark.parametrize("name, said, limit", [
-    ("max_inotify_instances", "cannot watch", "fs.inotify.max_user_instances"),
-    ("max_inotify_watches", "stopped watching", "fs.inotify.max_user_watches"),
+@pytest.mark.parametrize("name, below, said, limit", [
+    ("max_inotify_instances", None, "cannot watch", "fs.inotify.max_user_instances"),
+    ("max_inotify_watches", 1, "cannot watch", "fs.inotify.max_user_watches"),
+    ("max_inotify_watches", 0, "stopped watching", "fs.inotify.max_user_watches"),
 ])
-def test_without_a_watch_calls_look_once_a_second_and_serve_says_why_once(tmp_path, servers, name, said, limit):
+def test_without_a_watch_calls_look_once_a_second_and_serve_says_why_once(tmp_path, servers, name, below, said,
+                                                                          limit):
+    """No inotify instance, one watch too few, or just enough until a folder appears."""
     require_sandbox()
     if not os.path.exists(f"/proc/sys/user/{name}"):
         pytest.skip("inotify limits per user namespace need Linux 5.11")
-    value = 0 if name == "max_inotify_instances" else watched_in(stand_in(tmp_path / "count"))
+    value = 0 if below is None else watched_in(stand_in(tmp_path / "count")) - below
     etc, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(f"echo {value} > /proc/sys/user/{name}"))
     (etc / "ssl" / "more").mkdir()  # at the watches' limit: one more is refused, and the watch stops
     (etc / "hostname").write_text("two\n")
@@ -241,6 +245,30 @@ def test_a_file_bound_over_an_entry_and_written_elsewhere_reaches_a_call(tmp_pat
         f.write("two\n")
     wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
     assert server.close() == 0
+
+
+def test_a_rebuild_that_failed_is_tried_again_at_the_next_call(tmp_path, servers):
+    require_sandbox()
+    views = tmp_path / "agent" / "State" / records.ETC_VIEWS  # on a small filesystem of serve's own, filled below
+    kept = tmp_path / "views"
+    etc, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(
+        f"cp -a {views} {kept}", f"mount -t tmpfs -o size=1m tmpfs {views}", f"cp -a {kept}/. {views}", mount=True))
+    seen = Path(f"/proc/{server.process.pid}/root{views}")  # serve's views, as its mounts show them
+    filler = os.open(seen / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):  # until it is full
+        while True:
+            os.write(filler, b"x" * 65536)
+    os.close(filler)
+    (etc / "hostname").write_text("two\n")
+
+    def a_rebuild_failed() -> bool:
+        assert "one" in cat(server, "/etc/hostname")
+        return sum(1 for entry in os.scandir(seen) if entry.is_dir()) > 1  # the current view, and one cut short
+    wait_for(a_rebuild_failed, timeout=30, interval=0.2, what="a rebuild on a full disk")
+    (seen / "filler").unlink()
+    wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
+    assert server.close() == 0
+    assert "cannot refresh the sandbox's /etc view" in server.stderr.decode()
 
 
 def test_inside_etc_is_the_allow_list_as_root_and_as_a_user(up_as: Up):

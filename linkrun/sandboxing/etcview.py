@@ -182,6 +182,8 @@ def refresh(link: str, watch: EtcWatch | None = None) -> None:
         if _stale(current, fingerprint(etc, found), found):
             ensure(state, etc)
     except OSError as error:
+        if watch is not None:
+            watch.mark()  # the next launch tries again
         print(f"lnk-link-run: cannot refresh the sandbox's /etc view in {state}: {error}; "
               "calls keep the current one", file=sys.stderr)
 
@@ -395,6 +397,11 @@ class EtcWatch:
         watch._thread.start()
         return watch
 
+    def mark(self) -> None:
+        """The view may be stale: the next launch looks."""
+        with self._lock:
+            self._changed = True
+
     def take_change(self) -> bool:
         """Whether a change was seen since the last call; the mark is cleared."""
         with self._lock:
@@ -440,8 +447,7 @@ class EtcWatch:
         for new in appeared:  # before the mark: see the class
             self._watch(new)
         if seen:
-            with self._lock:
-                self._changed = True
+            self.mark()
 
     def _watch(self, rel: str, folder: bool | None = None) -> None:
         """Watch the entry at `rel` ("" for the top) when the view shows it (a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import stat
 import time
@@ -197,6 +198,11 @@ def test_a_change_in_a_folder_made_after_the_start_reaches_a_call(tmp_path, serv
     assert server.close() == 0
 
 
+def q(path: Path) -> str:
+    """`path` quoted for a shell line."""
+    return shlex.quote(str(path))
+
+
 def in_namespaces(*setup: str, mount: bool = False) -> tuple[str, ...]:
     """serve in a user namespace of its own (with inotify limits of its own, since Linux 5.11), and a
     mount namespace with `mount`, after the shell lines of `setup`."""
@@ -238,9 +244,8 @@ def test_a_file_bound_over_an_entry_and_written_elsewhere_reaches_a_call(tmp_pat
     bound = tmp_path / "runtime" / "hostname"
     bound.parent.mkdir()
     bound.write_text("one\n")
-    etc = tmp_path / "etc"
-    etc, _, server = serving_a_stand_in(tmp_path, servers,
-                                        in_namespaces(f"mount --bind {bound} {etc / 'hostname'}", mount=True))
+    over = tmp_path / "etc" / "hostname"  # the stand-in's, once made
+    _, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(f"mount --bind {q(bound)} {q(over)}", mount=True))
     with open(bound, "r+") as f:  # in place, not through the stand-in: its folder hears nothing
         f.write("two\n")
     wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
@@ -252,7 +257,8 @@ def test_a_rebuild_that_failed_is_tried_again_at_the_next_call(tmp_path, servers
     views = tmp_path / "agent" / "State" / records.ETC_VIEWS  # on a small filesystem of serve's own, filled below
     kept = tmp_path / "views"
     etc, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(
-        f"cp -a {views} {kept}", f"mount -t tmpfs -o size=1m tmpfs {views}", f"cp -a {kept}/. {views}", mount=True))
+        f"cp -a {q(views)} {q(kept)}", f"mount -t tmpfs -o size=1m tmpfs {q(views)}", f"cp -a {q(kept)}/. {q(views)}",
+        mount=True))
     seen = Path(f"/proc/{server.process.pid}/root{views}")  # serve's views, as its mounts show them
     filler = os.open(seen / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
     with contextlib.suppress(OSError):  # until it is full

@@ -7,15 +7,21 @@ changes a file, as the view takes its source folder as a parameter.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
 import stat
+import time
 from pathlib import Path
+
+import pytest
 
 from conftest import clean_env, serve_argv, require_sandbox, text_of, wait_for
 from up_harness import Up
 
 from linkrun import agent
+from linkrun.detached import records
 from linkrun.sandboxing import etcview, sandbox
 
 
@@ -138,26 +144,137 @@ def serve_with_view(folder: agent.AgentFolder) -> list[str]:
     return serve_argv(Path(folder.files), "--write", "work", programs=("cat",), sandbox=fixed)
 
 
-def test_a_change_of_a_host_file_reaches_the_next_call(tmp_path, servers):
-    require_sandbox()
+def cat(server, path: str) -> str:
+    result = server.call("command", {"program": "cat", "args": [path]})
+    assert not result.get("isError"), text_of(result)
+    return text_of(result)
+
+
+def serving_a_stand_in(tmp_path: Path, servers, wrapper: tuple[str, ...] = ()) -> tuple[Path, Path, object]:
+    """A stand-in /etc, an agent whose view shows it, and serve, after a first call (its watch started)."""
     etc = stand_in(tmp_path)
     folder = agent.create(str(tmp_path / "agent"))
     etcview.ensure(folder.state, str(etc))
-    server = servers(serve_with_view(folder), env=clean_env())
+    server = servers([*wrapper, *serve_with_view(folder)], env=clean_env())
     server.initialize()
+    assert "one" in cat(server, "/etc/hostname")
+    return etc, Path(folder.state), server
 
-    def hostname() -> str:
-        result = server.call("command", {"program": "cat", "args": ["/etc/hostname"]})
-        assert not result.get("isError"), text_of(result)
-        return text_of(result)
 
-    assert "one" in hostname()
+def test_a_change_of_a_host_file_reaches_the_next_call(tmp_path, servers):
+    require_sandbox()
+    etc, _, server = serving_a_stand_in(tmp_path, servers)
     (etc / "hostname").write_text("two\n")
-    # The view is looked at once a second at most: a call after that shows the change.
-    wait_for(lambda: "two" in hostname(), timeout=30, interval=0.2, what="the changed hostname inside")
-    assert "two" in hostname()
-    assert "private key" not in text_of(server.call("command", {"program": "cat", "args": ["/etc/ssl/private/host.key"]}))
+    # The watch reads its events on a thread of its own: a call after that shows the change.
+    wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
+    assert "two" in cat(server, "/etc/hostname")
+    assert "private key" not in cat(server, "/etc/ssl/private/host.key")
     assert server.close() == 0
+
+
+def test_with_nothing_changed_a_call_does_not_look_at_the_host_entries(tmp_path, servers):
+    require_sandbox()
+    _, state, server = serving_a_stand_in(tmp_path, servers)
+    lock = state / records.ETC_LOCK
+    an_hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(lock, ns=(an_hour_ago, an_hour_ago))  # a look touches it
+    assert "one" in cat(server, "/etc/hostname")
+    assert lock.stat().st_mtime_ns == an_hour_ago
+    assert server.close() == 0
+
+
+def test_a_change_in_a_folder_made_after_the_start_reaches_a_call(tmp_path, servers):
+    require_sandbox()
+    etc, _, server = serving_a_stand_in(tmp_path, servers)
+    (etc / "java-21" / "conf").mkdir(parents=True)  # a new top-level folder the list allows, a folder in it
+    settings = etc / "java-21" / "conf" / "settings"
+    settings.write_text("first\n")
+    wait_for(lambda: "first" in cat(server, "/etc/java-21/conf/settings"), timeout=30, interval=0.2,
+             what="the new folder's file inside")
+    with open(settings, "r+") as f:  # in place: the folders' times stay, only a watch of the new folder sees it
+        f.write("again\n")
+    wait_for(lambda: "again" in cat(server, "/etc/java-21/conf/settings"), timeout=30, interval=0.2,
+             what="the changed file inside")
+    assert server.close() == 0
+
+
+def q(path: Path) -> str:
+    """`path` quoted for a shell line."""
+    return shlex.quote(str(path))
+
+
+def in_namespaces(*setup: str, mount: bool = False) -> tuple[str, ...]:
+    """serve in a user namespace of its own (with inotify limits of its own, since Linux 5.11), and a
+    mount namespace with `mount`, after the shell lines of `setup`."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare is missing")
+    script = " && ".join([*setup, 'exec "$@"'])
+    return ("unshare", "--user", "--map-root-user", *(["--mount"] if mount else []), "sh", "-c", script, "sh")
+
+
+def watched_in(etc: Path) -> int:
+    """How many watches a watch of `etc` takes: its top, and each folder and file the view shows (not links)."""
+    return 1 + sum(1 for _, info in etcview.entries(str(etc)) if info is not None and not stat.S_ISLNK(info.st_mode))
+
+
+@pytest.mark.parametrize("name, below, said, limit", [
+    ("max_inotify_instances", None, "cannot watch", "fs.inotify.max_user_instances"),
+    ("max_inotify_watches", 1, "cannot watch", "fs.inotify.max_user_watches"),
+    ("max_inotify_watches", 0, "stopped watching", "fs.inotify.max_user_watches"),
+])
+def test_without_a_watch_calls_look_once_a_second_and_serve_says_why_once(tmp_path, servers, name, below, said,
+                                                                          limit):
+    """No inotify instance, one watch too few, or just enough until a folder appears."""
+    require_sandbox()
+    if not os.path.exists(f"/proc/sys/user/{name}"):
+        pytest.skip("inotify limits per user namespace need Linux 5.11")
+    value = 0 if below is None else watched_in(stand_in(tmp_path / "count")) - below
+    etc, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(f"echo {value} > /proc/sys/user/{name}"))
+    (etc / "ssl" / "more").mkdir()  # at the watches' limit: one more is refused, and the watch stops
+    (etc / "hostname").write_text("two\n")
+    wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
+    assert server.close() == 0
+    said_lines = [line for line in server.stderr.decode().splitlines() if "for changes" in line]
+    assert len(said_lines) == 1 and said in said_lines[0] and limit in said_lines[0], server.stderr.decode()
+
+
+def test_a_file_bound_over_an_entry_and_written_elsewhere_reaches_a_call(tmp_path, servers):
+    """As container runtimes bind /etc/hosts from a file of their own, and write that one."""
+    require_sandbox()
+    bound = tmp_path / "runtime" / "hostname"
+    bound.parent.mkdir()
+    bound.write_text("one\n")
+    over = tmp_path / "etc" / "hostname"  # the stand-in's, once made
+    _, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(f"mount --bind {q(bound)} {q(over)}", mount=True))
+    with open(bound, "r+") as f:  # in place, not through the stand-in: its folder hears nothing
+        f.write("two\n")
+    wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
+    assert server.close() == 0
+
+
+def test_a_rebuild_that_failed_is_tried_again_at_the_next_call(tmp_path, servers):
+    require_sandbox()
+    views = tmp_path / "agent" / "State" / records.ETC_VIEWS  # on a small filesystem of serve's own, filled below
+    kept = tmp_path / "views"
+    etc, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(
+        f"cp -a {q(views)} {q(kept)}", f"mount -t tmpfs -o size=1m tmpfs {q(views)}", f"cp -a {q(kept)}/. {q(views)}",
+        mount=True))
+    seen = Path(f"/proc/{server.process.pid}/root{views}")  # serve's views, as its mounts show them
+    filler = os.open(seen / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):  # until it is full
+        while True:
+            os.write(filler, b"x" * 65536)
+    os.close(filler)
+    (etc / "hostname").write_text("two\n")
+
+    def a_rebuild_failed() -> bool:
+        assert "one" in cat(server, "/etc/hostname")
+        return sum(1 for entry in os.scandir(seen) if entry.is_dir()) > 1  # the current view, and one cut short
+    wait_for(a_rebuild_failed, timeout=30, interval=0.2, what="a rebuild on a full disk")
+    (seen / "filler").unlink()
+    wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
+    assert server.close() == 0
+    assert "cannot refresh the sandbox's /etc view" in server.stderr.decode()
 
 
 def test_inside_etc_is_the_allow_list_as_root_and_as_a_user(up_as: Up):

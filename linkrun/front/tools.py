@@ -129,6 +129,8 @@ class Tools:
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
                                os.path.join(settings.state, "proxy") if settings.proxy and settings.state else None,
                                settings.seccomp, settings.limits)
+        self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
+        self._etc_watch_started = False
         self.table: dict[str, dict] = {}
         self.background: Background | None = None
         self.proxy: Users | None = None
@@ -339,7 +341,23 @@ class Tools:
     def launch(self, request: runner.Request, watch_init: bool = True) -> Launch:
         """The call's whole sandbox argv and its descriptors (see launch.py); a
         link planted on a path it binds is Refused, naming it."""
+        self._watch_etc()
         return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(), watch_init)
+
+    def _watch_etc(self) -> None:
+        """At the first launch (not at start: initialize never waits for it),
+        the watch of the host's /etc that lets a launch skip its look when
+        nothing changed (etcview.EtcWatch), for a real sandbox that binds the
+        agent's view. It runs until serve's end."""
+        with self._etc_watch_asked:
+            if self._etc_watch_started:
+                return
+            self._etc_watch_started = True
+            at = self.sandbox.etc_view_at
+            if self.sandbox.real and at >= 0:
+                from ..sandboxing import etcview
+
+                self.sandbox.etc_watch = etcview.EtcWatch.start(etcview.source_of(self.sandbox.fixed[at + 1]))
 
     def _command(self, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
         request = self.check_run(arguments)

@@ -57,6 +57,7 @@ from ..config import Limits
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
     from .cgroups import Group
+    from .etcview import EtcWatch
 
 INFO_LIMIT = 4096  # bwrap's info is one small JSON object
 
@@ -71,6 +72,7 @@ class Sandbox:
     proxy_dir: str | None = None  # the agent's proxy's folder, when calls have the internet
     seccomp: str | None = None  # the filter file, opened afresh for each launch
     limits: Limits | None = None  # each launch in a cgroup of its own with these, where one can be had
+    etc_watch: EtcWatch | None = None  # serve's watch of the host's /etc: a launch looks only after a change
 
     @functools.cached_property
     def prlimit_prefix(self) -> tuple[int, tuple[tuple[int, int], ...]]:
@@ -301,13 +303,14 @@ def _hold_program(launch: Launch) -> list[str]:
 def _with_etc_view(sandbox: Sandbox, launch: Launch) -> list[str]:
     """The fixed part binding the current /etc view by a descriptor that the
     launch holds until the sandbox ended (etcview.py), the view refreshed
-    first when the host's /etc changed; as it is when it binds none."""
+    first when the host's /etc changed (seen by the sandbox's watch, or by a
+    look once a second without one); as it is when it binds none."""
     fixed = list(sandbox.fixed)
     at = sandbox.etc_view_at
     if at >= 0:
         from .etcview import pin, refresh
 
-        refresh(fixed[at + 1])
+        refresh(fixed[at + 1], sandbox.etc_watch)
         view = pin(fixed[at + 1])
         launch.fds.append(view)
         launch.held.append(os.dup(view))  # the flock stays once bwrap closed its copy

@@ -92,7 +92,9 @@ def test_a_rotation_leaves_the_kept_half_in_memory_not_forced_to_disk(files: Pat
 def test_rotations_leave_one_file_with_the_newest_bytes(files: Path) -> None:
     output, rotations = pump_through(files, 5 * CAP + 123)
     output.finish()
-    assert len(rotations) == 4
+    # Four cuts at twice the cap; a fifth, finish's, when a read happened to
+    # end right at the fourth's point and the last 123 bytes came after it.
+    assert len(rotations) in (4, 5), rotations
     assert sorted(os.listdir(files / records.BACKGROUND)) == [output.name]  # nothing swapped out is left
     assert os.stat(files / records.BACKGROUND / output.name).st_size == CAP
     assert (output.total, output.kept_from) == (5 * CAP + 123, 4 * CAP + 123)

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
-COALESCE = 0.0005  # seconds to let output gather between reads while it flows
+COALESCE = 0.0005  # seconds to let output gather between reads while it trickles
+TRICKLE = 16 << 10  # a read smaller than this: the writer writes in small pieces, which a pause gathers
 
 
 def grow_pipe(fd: int) -> None:
@@ -238,13 +239,15 @@ class Watch:
                 moved = self._streams[fd](fd)
                 if not moved:
                     self.forget(fd)
-                elif moved < CHUNK:
+                elif moved < TRICKLE:
                     flowing = True
             elif fd in self._handlers:
                 self._handlers[fd]()
         if flowing:
             # Let the pipe fill a little before the next wake: a flood written
-            # 8 KiB at a time would otherwise wake us for every write.
+            # 8 KiB at a time would otherwise wake us for every write. Not
+            # after a large read: the writer is fast, and a pause (0.5 ms and
+            # the timer's slack) would hold it at a pipe's worth per pause.
             time.sleep(COALESCE)
 
     def _on_exit(self) -> None:

@@ -115,26 +115,26 @@ if TYPE_CHECKING:  # loaded only by a launch with limits
 _groups: set[cgroups.Group] = set()
 _groups_made = False
 # Kept or removed one after another by one thread, made at the first: no thread is made on a call's path.
-_removals: queue.SimpleQueue[cgroups.Group] = queue.SimpleQueue()
+_ended_groups: queue.SimpleQueue[cgroups.Group] = queue.SimpleQueue()
 
 
-def _remove_soon(group: cgroups.Group) -> None:
+def _keep_or_remove_soon(group: cgroups.Group) -> None:
     """Off the answer's path: kept for the next call once its members left
     (they take milliseconds), else removed."""
     global _groups_made
     with _leftovers_lock:
         _groups.add(group)
         if not _groups_made:
-            threading.Thread(target=_remove_groups, daemon=True, name="cgroups").start()
+            threading.Thread(target=_keep_or_remove_groups, daemon=True, name="cgroups").start()
         _groups_made = True
-    _removals.put(group)
+    _ended_groups.put(group)
 
 
-def _remove_groups() -> None:
+def _keep_or_remove_groups() -> None:
     from ..sandboxing import cgroups  # loaded already: a group is one
 
     while True:
-        group = _removals.get()
+        group = _ended_groups.get()
         try:
             if not cgroups.give_back(group):  # kept for the next call: no group to make
                 group.remove()
@@ -190,7 +190,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
         return outcome
     finally:
         if group is not None:
-            _remove_soon(group)
+            _keep_or_remove_soon(group)
 
 
 def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,

@@ -545,7 +545,7 @@ def sandbox(files: str):
     server.wait(0)
     bare, through, least, soft = [], [], [], []
     sh_argv = bare_argv[:-1] + ["/usr/bin/sh", "-c", "exit 0"]
-    t_sh, echo = [], []
+    t_sh, echo, plain = [], [], []
     for index in range(1, 101):
         t = time.perf_counter()
         run_bare(bare_argv)
@@ -567,6 +567,9 @@ def sandbox(files: str):
         t = time.perf_counter()
         subprocess.run(minimal, check=True, env={})
         least.append(time.perf_counter() - t)
+        t = time.perf_counter()  # the peers' way: most agents run a command in a shell of their own, unsandboxed
+        subprocess.run(["sh", "-c", "echo hi"], check=True, env={}, stdout=subprocess.DEVNULL)
+        plain.append(time.perf_counter() - t)
     row("command `sh -c 'exit 0'` through up's sandbox", f"{median_ms(through):.2f} ms", "target ≤ +2 ms",
         f"bare bwrap of the same argv: {median_ms(t_sh):.2f} ms (+{median_ms(through) - median_ms(t_sh):.2f} ms); "
         f"/bin/true bare: {median_ms(bare):.2f} ms")
@@ -577,6 +580,11 @@ def sandbox(files: str):
         "target ≤ 1.4×", f"echo hi: {median_ms(echo):.2f} ms; minimal bwrap: {median_ms(least):.2f} ms")
     figure("`echo hi` through up, a whole MCP call", f"{median_ms(echo):.2f} ms ({median_ms(echo) / median_ms(least):.2f}×)",
            f"a minimal bwrap of /bin/true: {median_ms(least):.2f} ms")
+    row("  the same, against the peers' way: a shell's own spawn, no sandbox", f"+{median_ms(echo) - median_ms(plain):.2f} ms",
+        "", f"`sh -c 'echo hi'` spawned directly: {median_ms(plain):.2f} ms")
+    figure("`echo hi` through up, against the peers' way (the agent's own shell, no sandbox)",
+           f"{median_ms(echo):.2f} ms (+{median_ms(echo) - median_ms(plain):.2f} ms)",
+           f"`sh -c 'echo hi'` spawned directly: {median_ms(plain):.2f} ms")
     row("  /bin/true: the fixed argv against it without v4's hardening", f"{median_ms(bare) / median_ms(soft):.2f}×",
         "", f"with: {median_ms(bare):.2f} ms; without /proc's read-only binds, /dev read-only and the filter: "
         f"{median_ms(soft):.2f} ms")

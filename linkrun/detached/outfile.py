@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import records
+from ..kernel import last_errno, libc
 from ..processes.capture import utf8_head, utf8_tail
 from ..errors import LinkRunError, Refused
 from ..processes.group import CHUNK
@@ -276,7 +277,7 @@ def _take_place(new_name: str, name: str, folder_fd: int) -> bool:
 
 
 RENAME_EXCHANGE = 2
-_renameat2: list = []  # once looked up: [renameat2, get_errno], or [None, None] where there is none
+_renameat2: list = []  # once looked up: [renameat2], or [None] where there is none
 
 
 def _exchange(first: str, second: str, folder_fd: int) -> bool:
@@ -285,18 +286,18 @@ def _exchange(first: str, second: str, folder_fd: int) -> bool:
     if not _renameat2:
         import ctypes  # only in a supervisor whose output rotates
 
-        renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+        renameat2 = getattr(libc(), "renameat2", None)
         if renameat2 is not None:
             renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
-        _renameat2[:] = [renameat2, ctypes.get_errno]
-    renameat2, get_errno = _renameat2
+        _renameat2[:] = [renameat2]
+    renameat2 = _renameat2[0]
     if renameat2 is None:
         return False
     if renameat2(folder_fd, os.fsencode(first), folder_fd, os.fsencode(second), RENAME_EXCHANGE) == 0:
         return True
-    number = get_errno()
+    number = last_errno()
     if number in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        _renameat2[:] = [None, None]
+        _renameat2[:] = [None]
     elif number != errno.ENOENT:  # gone (removed by hand): a rename puts the new one in its place
         raise OSError(number, os.strerror(number), second)
     return False

@@ -6,6 +6,7 @@ import os
 
 from collections.abc import Callable
 
+from ..kernel import last_errno, libc
 from .group import CHUNK, grow_pipe
 
 
@@ -106,17 +107,16 @@ class Skimmer:
     the time `cat` takes to copy it, or less.
     """
 
-    _tee: tuple[Callable[..., int], Callable[[], int]] | None = None  # libc tee, loaded once
+    _tee: Callable[..., int] | None = None  # libc's tee, loaded once
 
     def __init__(self) -> None:
         if Skimmer._tee is None:
             import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            tee = libc.tee
+            tee = libc().tee
             tee.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint)
             tee.restype = ctypes.c_ssize_t
-            Skimmer._tee = (tee, ctypes.get_errno)
+            Skimmer._tee = tee
         self.side_r, self.side_w = os.pipe2(os.O_CLOEXEC)
         try:
             grow_pipe(self.side_w)
@@ -128,10 +128,9 @@ class Skimmer:
 
     def skim(self, fd: int, capture: Capture) -> int:
         assert Skimmer._tee is not None  # loaded by __init__
-        tee, get_errno = Skimmer._tee
-        count = tee(fd, self.side_w, CHUNK, 0)
+        count = Skimmer._tee(fd, self.side_w, CHUNK, 0)
         if count < 0:
-            raise OSError(get_errno(), "tee")
+            raise OSError(last_errno(), "tee")
         if count == 0:
             return 0
         os.splice(fd, self.null, count)

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..config import CONTROLLERS, Limits
+from ..kernel import read_small
 
 LEAF = "lnk-serve"  # v2: where serve moves itself so that its group may have children with controllers
 CPU_PERIOD = 100_000  # microseconds
@@ -109,18 +110,8 @@ def _below(point: str, root: str, path: str) -> str | None:
 
 
 def _read(path: str) -> str:
-    """A small kernel file's text ("" when it cannot be read): one open and
-    one read, without the buffered file's extra calls."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return ""
-    try:
-        return os.read(fd, 65536).decode()
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
+    """A cgroup file's text ("" when it cannot be read)."""
+    return (read_small(path) or b"").decode()
 
 
 @functools.cache

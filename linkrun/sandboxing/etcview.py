@@ -37,7 +37,6 @@ import contextlib
 import errno
 import fcntl
 import fnmatch
-import functools
 import os
 import stat
 import struct
@@ -46,11 +45,8 @@ import time
 
 from ..detached import filing
 from ..errors import LinkRunError
+from ..kernel import last_errno, libc
 from ..detached.records import ETC_LOCK, ETC_VIEW, ETC_VIEWS, boot_id
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # loaded by a watch alone
-    import ctypes
 
 ETC = "/etc"
 # What programs need of /etc, and no more.
@@ -477,20 +473,11 @@ class EtcWatch:
             self._watch(f"{rel}/{name}" if rel else name, is_folder)
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _inotify(function: str, *args: int | bytes) -> int:
     """Call one of libc's inotify functions; OSError when it fails."""
-    import ctypes
-
-    result: int = getattr(_libc(), function)(*args)
+    result: int = getattr(libc(), function)(*args)
     if result < 0:
-        number = ctypes.get_errno()
+        number = last_errno()
         raise OSError(number, os.strerror(number))
     return result
 

@@ -53,6 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..config import Limits
+from ..kernel import read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
@@ -373,18 +374,9 @@ def _child_pid(info: bytes) -> int | None:
 
 
 def _is_namespace_init(pid: int) -> bool:
-    try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        status = os.read(fd, 8192)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    at = status.find(b"\nNSpid:")
-    if at < 0:
+    status = read_small(f"/proc/{pid}/status")
+    at = status.find(b"\nNSpid:") if status is not None else -1
+    if status is None or at < 0:
         return False
     ns_pids = status[at + 7:status.find(b"\n", at + 1)].split()  # its pid in each namespace, ours first
     return len(ns_pids) > 1 and ns_pids[-1] == b"1"

@@ -207,6 +207,60 @@ def parent_of(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`, through each of its threads' children."""
+    found, todo = set(), [pid]
+    while todo:
+        here = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{here}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = Path(f"/proc/{here}/task/{task}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
+def is_spare(pid: int) -> bool:
+    """A process of a spare sandbox serve made ahead (its command line holds the loader)."""
+    from linkrun.processes.spare import LOADER
+
+    try:
+        return LOADER.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def spares_of(serve: int) -> list[int]:
+    """The processes of the spare sandboxes below serve's pid."""
+    return [pid for pid in descendants(serve) if is_spare(pid)]
+
+
+def spare_ready(serve: int) -> None:
+    """Until serve's spare sandbox waits for a program: its loader runs once
+    bwrap was let go, which is after the spare was made ready to take."""
+    from linkrun.processes.spare import LOADER_TAIL
+
+    loader = "\0".join(LOADER_TAIL).encode() + b"\0"
+
+    def waiting() -> bool:
+        for pid in spares_of(serve):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == loader:
+                    return True
+            except OSError:
+                pass
+        return False
+    wait_for(waiting, timeout=30, what="a spare sandbox")
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -14,6 +14,7 @@ from conftest import parent_of, SERVER, pid_alive, require_sandbox, stop_what_ru
 from sandbox_helpers import Agent
 
 from linkrun.detached import records
+from linkrun.processes.spare import LOADER
 
 
 @pytest.fixture
@@ -48,7 +49,8 @@ def program_pid(box, marker: str) -> int:
             except OSError:
                 continue
             ns_pids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-            if len(ns_pids) > 1 and ns_pids[-1] == inside and Path(f"/proc/{pid}/comm").read_text().strip() == "sh":
+            if len(ns_pids) > 1 and ns_pids[-1] == inside and Path(f"/proc/{pid}/comm").read_text().strip() == "sh" \
+                    and LOADER.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():  # not serve's spare
                 try:
                     if os.readlink(f"/proc/{pid}/cwd") == str(box.files):
                         return int(pid)

@@ -87,6 +87,8 @@ class Session:
         then give the answers queued the time the client takes to read them."""
         self.workers.wait(time.monotonic() + grace)
         self.calls.silence_all()
+        if self.tools.spares is not None:
+            self.tools.spares.close()
         runner.kill_leftovers_now()
         self.channel.flush(FLUSH_IDLE)
         self.channel.close()

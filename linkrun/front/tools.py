@@ -22,7 +22,8 @@ from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
 from .command_answer import command_structured, command_text, limit_warnings, limits_sentence
 from ..config import Serve
 from ..errors import LinkRunError, Refused
-from ..sandboxing.launch import Launch, Sandbox, prepare, program_argv
+from ..processes.spare import LOADER_TAIL, Spare, Spares, script
+from ..sandboxing.launch import Launch, Sandbox, join_group, prepare, program_argv
 from ..processes.programs import Programs
 from ..units import describe_size, format_duration
 
@@ -131,6 +132,8 @@ class Tools:
                                settings.seccomp, settings.limits)
         self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
         self._etc_watch_started = False
+        # A sandbox made ahead of each call (spare.py), for a real sandbox with its init watched.
+        self.spares = Spares(self._prepare_spare, self._start_spare, runner.end_spare) if self.sandbox.real else None
         self.table: dict[str, dict] = {}
         self.background: Background | None = None
         self.proxy: Users | None = None
@@ -161,6 +164,8 @@ class Tools:
             threading.Thread(target=self._say_limits_that_do_not_hold, daemon=True, name="limits").start()
         if self.proxy is not None:
             threading.Thread(target=self._proxy_ready, daemon=True, name="proxy").start()
+        if self.spares is not None:
+            self.spares.make()
 
     def _say_limits_that_do_not_hold(self) -> None:
         from ..sandboxing import cgroups  # not at start: initialize never waits for it
@@ -338,11 +343,34 @@ class Tools:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
         return program_argv(request.program, request.args, self.settings.variables)
 
-    def launch(self, request: runner.Request, watch_init: bool = True) -> Launch:
+    def launch(self, request: runner.Request, watch_init: bool = True, grouped: bool = True) -> Launch:
         """The call's whole sandbox argv and its descriptors (see launch.py); a
         link planted on a path it binds is Refused, naming it."""
         self._watch_etc()
-        return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(), watch_init)
+        return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(), watch_init,
+                       grouped)
+
+    def _key(self, launch: Launch) -> tuple:
+        """What a sandbox made now would show (Launch.key), and which proxy listens in it."""
+        return launch.key, self.proxy.generation if self.proxy is not None else 0
+
+    def _prepare_spare(self) -> tuple[Launch, tuple]:
+        if self.proxy is not None:
+            self._proxy_ready()
+        self._watch_etc()
+        launch = prepare(self.sandbox, LOADER_TAIL, "", self._files_descriptor())
+        return launch, self._key(launch)
+
+    def _start_spare(self, launch: Launch, key: object) -> Spare:
+        return runner.start_spare(launch, key, self.settings.files)
+
+    def _take_spare(self, request: runner.Request, launch: Launch) -> tuple[Spare, bytes] | None:
+        """The spare for this call, with its script; None when a sandbox is made for it."""
+        if self.spares is None:
+            return None
+        data = script(request, launch.argv[len(launch.argv) - len(self.argv_tail(request)):], self.settings.files)
+        spare = self.spares.take(self._key(launch)) if data is not None else None
+        return (spare, data) if spare is not None and data is not None else None
 
     def _watch_etc(self) -> None:
         """At the first launch (not at start: initialize never waits for it),
@@ -368,14 +396,24 @@ class Tools:
             def report(total: int) -> None:
                 progress(total, None, f"{total} bytes of output so far")
         try:
-            with self.launch(request) as launch:
+            with self.launch(request, grouped=False) as launch:
                 check_exec_size(launch)
                 no_internet = self._proxy_ready() if self.proxy is not None else None
                 since = time.time()
-                outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report)
+                spare = self._take_spare(request, launch)
+                if spare is None:
+                    join_group(launch, self.sandbox)
+                try:
+                    outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report,
+                                         spare)
+                finally:
+                    if spare is not None:
+                        spare[0].launch.close()
                 no_internet = no_internet or launch.no_internet
         finally:
             os.close(folder_fd)
+            if self.spares is not None:
+                self.spares.make()
         if outcome.cancelled:
             return None
         text = command_text(outcome, request.timeout, self.settings, "start" in self.table)

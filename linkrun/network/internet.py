@@ -112,6 +112,7 @@ class Users:
         self.state = state
         self.fd: int | None = None
         self.proxy: int | None = None  # a pidfd of the proxy that answered: it polls readable once it exits
+        self.generation = 0  # counts the proxies that answered: a spare sandbox holds a listener of one
         self.lock = threading.Lock()  # calls on several threads wait for one start
 
     def ensure(self, timeout: float = 10.0) -> None:
@@ -141,6 +142,7 @@ class Users:
                                        f"its log is {os.path.join(self.state, records.PROXY_LOG)}")
                 time.sleep(0.005)  # no event tells when another process's socket starts listening
             self.proxy = _watch(pid, socket_path(self.state))
+            self.generation += 1
 
     def close(self) -> None:
         with self.lock:

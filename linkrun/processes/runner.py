@@ -18,7 +18,7 @@ import select
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -27,6 +27,7 @@ from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
 from ..errors import Refused
 from .group import CHUNK, Leader, Watch, grow_pipe
+from .spare import Spare
 from ..sandboxing.launch import Launch
 
 LEFTOVER_GRACE = 1.0
@@ -157,20 +158,37 @@ def open_folder(files_fd: int, folder: str) -> int:
 
 
 def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
-        progress: Callable[[int], None] | None = None) -> Outcome:
-    """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it.
+        progress: Callable[[int], None] | None = None, spare: tuple[Spare, bytes] | None = None) -> Outcome:
+    """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it;
+    or, given a spare and its script (spare.py), the program in the spare.
 
     `progress(bytes_so_far)` is called at most every PROGRESS_EVERY seconds
     while output grows, never after this returns.
     """
     started = boottime()
+    if spare is not None:
+        leader, group = spare[0].leader, spare[0].group
+        spare[0].go(spare[1], bool(request.input))
+    else:
+        leader, group = _spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
+    try:
+        outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress)
+        outcome.limit = group.limit_hit() if group is not None else None
+        return outcome
+    finally:
+        if group is not None:
+            _keep_or_remove_soon(group)
+
+
+def _spawn(launch: Launch, cwd: str, stdin: int) -> tuple[Leader, cgroups.Group | None]:
+    """The launch spawned, its group taken, its init held (`Launch.started`)."""
     with launch.spawning():
         process = subprocess.Popen(
             launch.argv,
-            stdin=subprocess.PIPE if request.input else subprocess.DEVNULL,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=f"/proc/self/fd/{cwd_fd}",
+            cwd=cwd,
             process_group=0,
             pass_fds=tuple(launch.fds),
             env=launch.env,
@@ -178,19 +196,38 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     leader = Leader(process)
     group = leader.cgroup = launch.take_group()
     try:
-        try:
-            leader.sandbox_init = launch.started()
-        except BaseException:
-            leader.kill()
-            leader.close()
-            process.wait()
-            raise
-        outcome = _watch(request, leader, process, started, cancel, output_limit, progress)
-        outcome.limit = group.limit_hit() if group is not None else None
-        return outcome
-    finally:
+        leader.sandbox_init = launch.started()
+    except BaseException:
+        leader.kill()
+        leader.close()
+        process.wait()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
         if group is not None:
             _keep_or_remove_soon(group)
+        raise
+    return leader, group
+
+
+def start_spare(launch: Launch, key: Hashable, files: str) -> Spare:
+    """A sandbox whose loader waits for its program (spare.py), spawned by the spares' thread."""
+    leader, group = _spawn(launch, files, subprocess.PIPE)
+    return Spare(key, launch, leader, group, launch.no_internet)
+
+
+def end_spare(spare: Spare) -> None:
+    """A spare not taken: killed with all it holds, reaped, its group kept or removed."""
+    leader, process = spare.leader, spare.leader.process
+    leader.kill()
+    process.wait()
+    leader.close()
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+    spare.launch.close()
+    if spare.group is not None:
+        _keep_or_remove_soon(spare.group)
 
 
 def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,

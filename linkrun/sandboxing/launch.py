@@ -126,6 +126,7 @@ class Launch:
     proxy_dir: str | None = None  # with the internet: the proxy that listens inside
     block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
+    key: tuple = ()  # what the sandbox shows, by identity (`shown`): equal keys, equal sandboxes but for the folder
 
     def __enter__(self) -> Launch:
         return self
@@ -215,7 +216,7 @@ class Launch:
 
 
 def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: int | None = None,
-            watch_init: bool = True) -> Launch:
+            watch_init: bool = True, grouped: bool = True) -> Launch:
     """The launch of one call running `tail` in `folder` (relative to the files folder).
 
     `files_fd` is an open descriptor of the files folder, when the caller keeps
@@ -223,12 +224,19 @@ def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: i
     on (an exec): bwrap would write its init's pid into a pipe nobody reads.
     Raises Refused (percall.LinkOnPath) when a link was planted on a path the
     sandbox binds (nothing is left open then). With limits and `watch_init`, the
-    launch joins a new cgroup (LinkRunError when one cannot be made).
+    launch joins a new cgroup (LinkRunError when one cannot be made), unless
+    `grouped=False`: then the caller calls `join_group` if it spawns it.
     """
     launch = _sandboxed(sandbox, tail, folder, files_fd, watch_init)
+    if grouped:
+        join_group(launch, sandbox, watch_init)
+    return launch
+
+
+def join_group(launch: Launch, sandbox: Sandbox, watch_init: bool = True) -> None:
+    """With limits, the launch's cgroup (see prepare)."""
     if sandbox.limits is not None and watch_init:
         _join_group(launch, sandbox.limits)
-    return launch
 
 
 # Writes its own pid into each `cgroup.procs` named before `--`, then becomes the rest.
@@ -277,6 +285,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
                                    "start the agent again with lnk-link-run up, which writes it") from None
             launch.fds.append(filter_fd)
             part += ["--seccomp", str(filter_fd)]
+        launch.key = shown(fixed + part[:-2] if sandbox.seccomp is None else fixed + part[:-4] + part[-2:])
         if watch_init:
             launch.info_r, info_w = os.pipe2(os.O_CLOEXEC)
             launch.fds.append(info_w)
@@ -290,6 +299,34 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
         raise
     launch.argv = fixed + part + ["--", *tail]
     return launch
+
+
+_BY_FD = {"--bind-fd", "--ro-bind-fd", "--seccomp"}
+_BY_PATH = {"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"}
+
+
+def shown(args: Sequence[str]) -> tuple:
+    """What a sandbox argv shows, for telling two launches apart: the argv
+    with each bound folder or file named by its identity (and the filter by
+    its size and time too: bwrap reads it), a descriptor's number dropped.
+    The caller leaves out `--chdir`: a spare enters the call's folder itself."""
+    key: list[object] = []
+    at = 0
+    while at < len(args):
+        flag = args[at]
+        key.append(flag)
+        if flag in _BY_FD:
+            info = os.fstat(int(args[at + 1]))
+            key.append((info.st_dev, info.st_ino) + ((info.st_size, info.st_mtime_ns) if flag == "--seccomp" else ()))
+            at += 1
+        elif flag in _BY_PATH:
+            try:
+                info = os.stat(args[at + 1])
+                key.append((info.st_dev, info.st_ino))
+            except OSError:
+                key.append(None)
+        at += 1
+    return tuple(key)
 
 
 def _hold_program(launch: Launch) -> list[str]:

@@ -1,0 +1,179 @@
+"""A sandbox made before its call: bubblewrap's set-up off the call's path.
+
+Setting up a sandbox (its namespaces, a mount per bind, its filter) is
+most of what a short call costs. So serve keeps one sandbox made ahead, at
+its start and again after each call: bwrap runs LOADER, a small `sh` that
+waits on its standard input for the call's program. The call writes a
+script there (`script`): into the call's folder, the shell's own variables
+dropped, `exec` of the program. What the program then finds (its
+environment, descriptors, folder, limits, cgroup, namespaces) is what a
+sandbox made for it would give it.
+
+A spare is made from the files folder's state at its making, so a call
+takes it only when a sandbox made for the call would show the same things:
+`Launch.key` names each bound folder and file by its identity (a folder
+renamed, a repository made since, a rebuilt /etc view, another proxy all
+change it). Otherwise the spare ends, off the call's path, and the call
+gets a sandbox made for it. A call never waits for a spare, except for one
+being made for the same key: it started earlier than a new one would.
+
+One slot, one thread: the thread that spawns a sandbox is the one its
+`--die-with-parent` is bound to, and this thread lives as long as serve.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from ..errors import Refused
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..sandboxing.cgroups import Group
+    from ..sandboxing.launch import Launch
+    from .group import Leader
+    from .runner import Request
+
+# Reads a line count, then that many lines, and runs them. `read` takes a
+# pipe a byte at a time, so what follows the script stays for the program.
+LOADER = ('IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; '
+          's="$s$l\n"; n=$((n - 1)); done; eval "$s"')
+LOADER_TAIL = ("/bin/sh", "-c", LOADER)
+# `read` costs a syscall a byte: a longer script costs more than the set-up it saves.
+SCRIPT_LIMIT = 8192
+
+_MAKING = object()  # the slot's key while a spare's launch is being prepared
+
+
+def quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def script(request: Request, argv: list[str], files: str) -> bytes | None:
+    """What the loader runs for `argv` in the request's folder, counted in
+    lines; None when it is over SCRIPT_LIMIT. The variables `sh` sets itself
+    go: the program gets the sandbox's environment as it was given."""
+    folder = request.folder.strip("/")
+    text = f"cd -- {quote(f'{files}/{folder}')} || exit 125\n" if folder not in ("", ".") else ""
+    text += "unset PWD OLDPWD SHLVL\nexec " + ("" if request.input else "0</dev/null ")
+    text += " ".join(quote(arg) for arg in argv)
+    data = f"{text.count(chr(10)) + 1}\n{text}\n".encode(errors="surrogateescape")
+    return data if len(data) <= SCRIPT_LIMIT else None
+
+
+@dataclass
+class Spare:
+    """A sandbox whose loader waits for a program; its init and its cgroup held."""
+
+    key: Hashable
+    launch: Launch  # held until the spare's sandbox ended: its /etc view pinned, bwrap's info pipe read
+    leader: Leader
+    group: Group | None
+    no_internet: str | None  # why a program in it would have no internet (then it is never taken)
+
+    def go(self, data: bytes, has_input: bool) -> None:
+        """The loader execs the program now: a spare's output pipe has room for `data`."""
+        stdin = self.leader.process.stdin
+        assert stdin is not None  # a spare's input is a pipe
+        stdin.write(data)
+        stdin.flush()
+        if not has_input:
+            stdin.close()
+
+
+class Spares:
+    """One spare at a time, made by one thread that lives as long as serve.
+
+    `prepare` gives the spare's launch and its key (run on the thread),
+    `start` spawns it, `end` kills and reaps one not taken.
+    """
+
+    def __init__(self, prepare: Callable[[], tuple[Launch, Hashable]], start: Callable[[Launch, Hashable], Spare],
+                 end: Callable[[Spare], None]) -> None:
+        self._prepare, self._start, self._end = prepare, start, end
+        self._lock = threading.Condition()
+        self._ready: Spare | None = None
+        self._making: object = None  # the key of the spare being made, _MAKING before it is known
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._off: str | None = None  # why no more spares are made
+
+    def take(self, key: Hashable) -> Spare | None:
+        """The spare, when it shows what a sandbox made now for `key` would;
+        else None, and a spare that does not is ended off the call's path."""
+        with self._lock:
+            while self._making is _MAKING or (self._making is not None and self._making == key):
+                self._lock.wait()
+            spare, self._ready = self._ready, None
+        if spare is None:
+            return None
+        if spare.key == key and spare.no_internet is None and spare.leader.process.poll() is None:
+            return spare
+        if spare.leader.process.poll() is not None:
+            self._turn_off("a spare sandbox ended before its call")
+        self._run(lambda: self._end(spare))
+        return None
+
+    def make(self) -> None:
+        """After a call (and at the start): make the next spare, unless one is there or on its way."""
+        with self._lock:
+            if self._closed or self._off or self._ready is not None or self._making is not None:
+                return
+            self._making = _MAKING
+        self._run(self._make)
+
+    def close(self) -> None:
+        """At serve's end: the spare ended, and none made any more."""
+        with self._lock:
+            self._closed = True
+            spare, self._ready = self._ready, None
+        if spare is not None:
+            self._end(spare)
+
+    def _make(self) -> None:
+        spare = None
+        try:
+            launch, key = self._prepare()
+            with self._lock:
+                self._making = key
+                self._lock.notify_all()
+            try:
+                spare = self._start(launch, key)
+            except BaseException:
+                launch.close()
+                raise
+        except Refused:
+            pass  # the call will be refused too, and say why; the next call's spare tries again
+        except Exception as problem:  # a sandbox that cannot be made ahead: the calls make their own
+            self._turn_off(f"cannot make a spare sandbox: {problem}")
+        finally:
+            with self._lock:
+                self._making = None
+                if spare is not None and not self._closed:
+                    self._ready, spare = spare, None
+                self._lock.notify_all()
+            if spare is not None:  # closed meanwhile
+                self._end(spare)
+
+    def _turn_off(self, why: str) -> None:
+        with self._lock:
+            said, self._off = self._off, self._off or why
+        if said is None:
+            print(f"lnk-link-run serve: {why}; each call sets up its own sandbox from now on", file=sys.stderr,
+                  flush=True)
+
+    def _run(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, daemon=True, name="spares")
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()

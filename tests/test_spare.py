@@ -1,0 +1,110 @@
+"""The sandbox made ahead of a call (linkrun/processes/spare.py), through a
+real `up` as root and as an ordinary user: a program finds in it exactly
+what a sandbox made for its call gives, a spare made before a change on the
+host is not taken, and none outlives serve.
+
+Which sandbox a call ran in is told from inside: a spare's init was started
+with the loader (its command line holds it), a sandbox made for the call
+with the program. A call whose script is over SCRIPT_LIMIT always gets a
+sandbox made for it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from conftest import descendants, spare_ready as waiting_spare, spares_of, text_of, wait_for
+from linkrun.processes.spare import SCRIPT_LIMIT
+from up_harness import Up
+
+# The loader's first words, put together inside so that this script itself never holds them.
+IN_SPARE = 'r="read -r"; if tr "\\0" " " </proc/1/cmdline | grep -q "IFS= $r n"; then echo spare; else echo made; fi'
+FINGERPRINT = IN_SPARE + """
+env | sort
+ls /proc/self/fd
+pwd
+grep -E '^(Sig(Blk|Ign)|NoNewPrivs|Seccomp|Cap(Inh|Prm|Eff|Bnd|Amb)|Uid|Gid|Groups|NSpid)' /proc/self/status
+ulimit -a
+cat /proc/self/cgroup /proc/self/uid_map
+stat -L -c %F /proc/self/fd/0
+awk '{print $5, $6}' /proc/self/mountinfo
+ls -a
+"""
+PADDING = "#" * SCRIPT_LIMIT  # a script this long gets a sandbox made for its call
+
+
+def call(up: Up, script: str, *more: str, folder: str = "work", input: str | None = None) -> tuple[str, str]:
+    """(which sandbox, what the program printed after that line)."""
+    arguments: dict[str, object] = {"program": "sh", "args": ["-c", script, *more], "folder": folder}
+    if input is not None:
+        arguments["input"] = input
+    result = up.server.call("command", arguments, timeout=60)
+    assert not result.get("isError"), text_of(result)
+    output = result["structuredContent"]["output"]
+    which, _, rest = output.partition("\n")
+    return which, rest
+
+
+def spare_ready(up: Up) -> None:
+    waiting_spare(up.server.process.pid)
+
+
+def test_a_program_in_a_spare_finds_what_a_sandbox_made_for_its_call_gives(up_as: Up) -> None:
+    (up_as.agent / "Files" / "work" / "sub").mkdir(parents=True, exist_ok=True)
+    made = call(up_as, FINGERPRINT, PADDING, folder="work/sub")
+    spare_ready(up_as)
+    spared = call(up_as, FINGERPRINT, folder="work/sub")
+    assert made[0] == "made" and spared[0] == "spare"
+    assert spared[1] == made[1]
+    assert "/work/sub\n" in made[1] and "character special file" in made[1]
+
+
+def test_a_program_in_a_spare_gets_its_arguments_and_its_input_byte_for_byte(up_as: Up) -> None:
+    spare_ready(up_as)
+    odd = ["it's", "two\nlines", "$(touch gotcha)", "\\", "", "  spaced  ", "*", "1", "-- end"]
+    which, args = call(up_as, IN_SPARE + '; for a in "$@"; do printf "<%s>" "$a"; done', *odd)
+    assert which == "spare"
+    assert args == "".join(f"<{a}>" for a in odd[1:])  # the first is $0
+    given = "3\nexec true\nnot a script\n'\\\n" + "x" * 5000 + "\nend"
+    spare_ready(up_as)
+    which, output = call(up_as, IN_SPARE + "; cat", input=given)
+    assert which == "spare"
+    assert output == given
+    assert not (up_as.agent / "Files" / "work" / "gotcha").exists()
+
+
+def test_a_spare_made_before_a_repository_appeared_is_not_taken(up_as: Up) -> None:
+    spare_ready(up_as)
+    owner = os.stat(up_as.agent / "Files" / "work")
+    hooks = up_as.agent / "Files" / "work" / "repo" / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    for path in (hooks.parent.parent, hooks.parent, hooks):
+        os.chown(path, owner.st_uid, owner.st_gid)
+    which, output = call(up_as, IN_SPARE + "; echo planted > repo/.git/hooks/pre-commit 2>&1; echo $?")
+    assert which == "made", "the spare did not have the repository's guard"
+    assert output.strip().endswith("2") or "Read-only" in output
+    assert not (hooks / "pre-commit").exists()
+
+
+def test_a_spare_made_before_its_folder_was_replaced_is_not_taken(up_as: Up) -> None:
+    spare_ready(up_as)
+    files = up_as.agent / "Files"
+    owner = os.stat(files / "work")
+    os.rename(files / "work", files / "work-before")
+    (files / "work").mkdir()
+    (files / "work" / "now").write_text("")
+    os.chown(files / "work", owner.st_uid, owner.st_gid)
+    which, output = call(up_as, IN_SPARE + "; ls")
+    assert which == "made"
+    assert output.split() == ["now"]
+
+
+def test_no_spare_outlives_serve_closed_or_killed(up_as: Up) -> None:
+    spare_ready(up_as)
+    serve = up_as.server.process.pid  # up runs serve in its own process
+    spares = spares_of(serve)
+    assert spares and spares[0] in descendants(serve)
+    os.kill(serve, signal.SIGKILL)
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in spares), timeout=30,
+             what="the spares to end with serve")

@@ -16,7 +16,7 @@ import signal
 
 from conftest import descendants, spare_ready as waiting_spare, spares_of, text_of, wait_for
 from linkrun.processes.spare import SCRIPT_LIMIT
-from up_harness import Up
+from up_harness import Up, processes_with
 
 # The loader's first words, put together inside so that this script itself never holds them.
 IN_SPARE = 'r="read -r"; if tr "\\0" " " </proc/1/cmdline | grep -q "IFS= $r n"; then echo spare; else echo made; fi'
@@ -108,3 +108,13 @@ def test_no_spare_outlives_serve_closed_or_killed(up_as: Up) -> None:
     os.kill(serve, signal.SIGKILL)
     wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in spares), timeout=30,
              what="the spares to end with serve")
+
+
+def test_serve_closed_right_after_a_call_leaves_no_sandbox_behind(up_as: Up) -> None:
+    # The call's end starts the next spare: serve's end waits until it is
+    # made, and ends it. A bwrap cut off in its set-up would leave its init
+    # waiting forever for a parent that is gone.
+    call(up_as, "true")
+    up_as.server.process.stdin.close()
+    assert up_as.server.process.wait(timeout=30) == 0
+    wait_for(lambda: not processes_with(str(up_as.agent)), timeout=10, what="every process of the agent to end")

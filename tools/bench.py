@@ -1000,6 +1000,7 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
     for round_ in range(rounds):
         for label, server in servers.items():
             ids = range(100 * round_ + 1, 100 * round_ + 21)
+            time.sleep(PACE)
             t = time.perf_counter()
             for request_id in ids:
                 server.call(request_id, {"program": "sh", "args": ["-c", "sleep 0.5"]})
@@ -1007,6 +1008,7 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
                 if server.wait(request_id)[1]["result"].get("isError"):
                     raise RuntimeError(f"a sleep through {label} failed")
             times[label].append(time.perf_counter() - t)
+        time.sleep(PACE)
         t = time.perf_counter()
         bare = [subprocess.Popen(BARE_BWRAP + ["sh", "-c", "sleep 0.5"], env={}) for _ in range(20)]
         for process in bare:

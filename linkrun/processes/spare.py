@@ -46,6 +46,7 @@ LOADER_TAIL = ("/bin/sh", "-c", LOADER)
 # `read` costs a syscall a byte: a longer script costs more than the set-up it saves.
 SCRIPT_LIMIT = 8192
 
+MAKING_WAIT = 10.0  # seconds serve's end waits for a spare being made (a hand-over may take that long)
 _MAKING = object()  # the slot's key while a spare's launch is being prepared
 
 
@@ -128,9 +129,14 @@ class Spares:
         self._run(self._make)
 
     def close(self) -> None:
-        """At serve's end: the spare ended, and none made any more."""
+        """At serve's end: the spare ended, one being made ended once made, and none made any more.
+
+        Waits for one being made: serve's end cuts off a bwrap in its set-up
+        (its parent-death signal), and bwrap 0.8's init, made but not yet let
+        go by its parent, then waits for it forever."""
         with self._lock:
             self._closed = True
+            self._lock.wait_for(lambda: self._making is None, timeout=MAKING_WAIT)
             spare, self._ready = self._ready, None
         if spare is not None:
             self._end(spare)
@@ -153,12 +159,13 @@ class Spares:
             self._turn_off(f"cannot make a spare sandbox: {problem}")
         finally:
             with self._lock:
-                self._making = None
                 if spare is not None and not self._closed:
                     self._ready, spare = spare, None
-                self._lock.notify_all()
-            if spare is not None:  # closed meanwhile
+            if spare is not None:  # closed meanwhile: ended before close() returns
                 self._end(spare)
+            with self._lock:
+                self._making = None
+                self._lock.notify_all()
 
     def _turn_off(self, why: str) -> None:
         with self._lock:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 from conftest import descendants, spare_ready as waiting_spare, spares_of, text_of, wait_for
 from linkrun.processes.spare import SCRIPT_LIMIT
-from up_harness import Up, processes_with
+from up_harness import Up, processes_with, running_as_root, start_up
 
 # The loader's first words, put together inside so that this script itself never holds them.
 IN_SPARE = 'r="read -r"; if tr "\\0" " " </proc/1/cmdline | grep -q "IFS= $r n"; then echo spare; else echo made; fi'
@@ -118,3 +119,26 @@ def test_serve_closed_right_after_a_call_leaves_no_sandbox_behind(up_as: Up) -> 
     up_as.server.process.stdin.close()
     assert up_as.server.process.wait(timeout=30) == 0
     wait_for(lambda: not processes_with(str(up_as.agent)), timeout=10, what="every process of the agent to end")
+
+
+def test_a_new_serve_ends_the_sandboxes_a_killed_one_left_behind(up_as: Up, request) -> None:
+    # A serve killed in the moment bwrap sets up leaves the sandbox nobody's:
+    # made here as an orphan of a shell that exits, its program running on.
+    files = str(up_as.agent / "Files")
+    tag = up_as.tag()
+    orphan = (f"(bwrap --unshare-all --ro-bind / / --ro-bind {files} {files} --info-fd 3 "
+              f"-- sh -c 'sleep 1000' {tag} 3>/dev/null </dev/null >/dev/null 2>&1 &)")
+    owner = os.stat(files)
+    subprocess.run(["sh", "-c", orphan], check=True, user=owner.st_uid, group=owner.st_gid, cwd="/")
+    wait_for(lambda: processes_with(tag), timeout=10, what="the orphaned sandbox's program")
+    # A call of the first serve still runs while the second starts: it is no stray.
+    up_as.server.send({"jsonrpc": "2.0", "id": "long", "method": "tools/call", "params": {
+        "name": "command", "arguments": {"program": "sh", "args": ["-c", "sleep 2; echo lived"]}}})
+    runtime = request.getfixturevalue("readable_runtime") if up_as.who == "user" and running_as_root() else None
+    second = start_up(up_as.who, up_as.agent.parent, runtime, again=up_as)
+    try:
+        wait_for(lambda: not processes_with(tag), timeout=10, what="the stray sandbox to be ended")
+        answer = up_as.server.wait_response("long", timeout=30)
+        assert "lived" in answer["result"]["structuredContent"]["output"]
+    finally:
+        second.server.kill()

@@ -227,12 +227,14 @@ def initialize(server: RawServer, who: str) -> None:
 
 
 def start_up(who: str, workdir: Path, runtime: Path | None, sandbox_text: str = SANDBOX_FILE,
-             join: tuple[str, ...] = ()) -> Up:
+             join: tuple[str, ...] = (), again: Up | None = None) -> Up:
     """Start `up` for a new agent in workdir, as root or as the ordinary user
     (as root: lnk-tester, from the readable venv `runtime`), with the sandbox
     file `sandbox_text`; `join`: cgroup.procs files it joins first (a subtree
-    handed to it)."""
+    handed to it); `again`: a second `up` of that agent, with its secrets."""
     env_secret, key_secret = secrets.token_hex(16), secrets.token_hex(16)
+    if again is not None:
+        env_secret, key_secret = again.env_secret, again.key_secret
     as_tester = who == "user" and running_as_root()
     account = ensure_tester() if as_tester else pwd.getpwuid(os.geteuid())
     home = account.pw_dir if as_tester else str(workdir / "home")
@@ -271,7 +273,7 @@ def run_up(who: str, tmp_path: Path, runtime: Path | None, sandbox_text: str = S
             yield up
         finally:
             kill_tagged(up.tags)
-            up.server.kill()
+            up.server.close(timeout=15)  # as a client ends it: its input closed, SIGKILL only if it hangs
             stop_background(up.state)
             kill_tagged(up.tags)
     finally:

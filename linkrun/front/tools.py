@@ -166,6 +166,17 @@ class Tools:
             threading.Thread(target=self._proxy_ready, daemon=True, name="proxy").start()
         if self.spares is not None:
             self.spares.make()
+        if self.sandbox.real:
+            threading.Thread(target=self._end_strays, daemon=True, name="strays").start()
+
+    def _end_strays(self) -> None:
+        """The agent's sandboxes a killed serve or supervisor left behind (strays.py)."""
+        from ..sandboxing import strays
+
+        ended = strays.end(self.settings.files)
+        if ended:
+            print(f"lnk-link-run serve: ended {ended} sandbox process(es) of this agent that a killed serve or "
+                  f"supervisor had left behind", file=sys.stderr, flush=True)
 
     def _say_limits_that_do_not_hold(self) -> None:
         from ..sandboxing import cgroups  # not at start: initialize never waits for it

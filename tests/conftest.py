@@ -243,22 +243,24 @@ def spares_of(serve: int) -> list[int]:
     return [pid for pid in descendants(serve) if is_spare(pid)]
 
 
-def spare_ready(serve: int) -> None:
-    """Until serve's spare sandbox waits for a program: its loader runs once
-    bwrap was let go, which is after the spare was made ready to take."""
+def waiting_spares(serve: int) -> int:
+    """How many of serve's spare sandboxes wait for a program: a loader runs
+    once bwrap was let go, which is after its spare was made ready to take."""
     from linkrun.processes.spare import LOADER_TAIL
 
     loader = "\0".join(LOADER_TAIL).encode() + b"\0"
+    count = 0
+    for pid in spares_of(serve):
+        try:
+            count += Path(f"/proc/{pid}/cmdline").read_bytes() == loader
+        except OSError:
+            pass
+    return count
 
-    def waiting() -> bool:
-        for pid in spares_of(serve):
-            try:
-                if Path(f"/proc/{pid}/cmdline").read_bytes() == loader:
-                    return True
-            except OSError:
-                pass
-        return False
-    wait_for(waiting, timeout=30, what="a spare sandbox")
+
+def spare_ready(serve: int, count: int = 1) -> None:
+    """Until `count` of serve's spare sandboxes wait for a program."""
+    wait_for(lambda: waiting_spares(serve) >= count, timeout=30, what=f"{count} spare sandbox(es)")
 
 
 def pid_alive(pid: int) -> bool:

@@ -15,7 +15,8 @@ import os
 import signal
 import subprocess
 
-from conftest import descendants, spare_ready as waiting_spare, spares_of, text_of, wait_for
+from conftest import descendants, spare_ready as waiting_spare, spares_of, text_of, wait_for, waiting_spares
+from linkrun.processes import spare as spare_module
 from linkrun.processes.spare import SCRIPT_LIMIT
 from up_harness import Up, processes_with, running_as_root, start_up
 
@@ -142,3 +143,56 @@ def test_a_new_serve_ends_the_sandboxes_a_killed_one_left_behind(up_as: Up, requ
         assert "lived" in answer["result"]["structuredContent"]["output"]
     finally:
         second.server.kill()
+
+
+def burst(up: Up, size: int, first_id: int) -> list[str]:
+    """`size` calls sent at once, each holding the others for a moment: which sandbox each ran in."""
+    ids = [f"burst-{first_id + n}" for n in range(size)]
+    for request_id in ids:
+        up.server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {
+            "name": "command", "arguments": {"program": "sh", "args": ["-c", IN_SPARE + "; sleep 0.3"]}}})
+    answers = [up.server.wait_response(request_id, timeout=60)["result"] for request_id in ids]
+    return [answer["structuredContent"]["output"].strip() for answer in answers]
+
+
+def test_after_calls_at_once_as_many_spares_wait_for_the_next_such_burst(up_as: Up) -> None:
+    spare_ready(up_as)
+    first = burst(up_as, 4, 0)
+    assert first.count("spare") == 1, first  # one spare was made: the others made their own
+    wait_for(lambda: waiting_spares(up_as.server.process.pid) == 4, timeout=30, what="four spares")
+    assert burst(up_as, 4, 4) == ["spare"] * 4
+
+
+def test_the_spares_of_a_burst_go_back_to_one_once_it_lingered(monkeypatch) -> None:
+    # The pool alone, in this process, its spares stand-ins: its timing is its own.
+    monkeypatch.setattr(spare_module, "LINGER", 0.3)
+
+    class Running:
+        process = type("Process", (), {"poll": lambda self: None})()
+
+    class Held:
+        def close(self) -> None:
+            pass
+
+    made: list[spare_module.Spare] = []
+    ended: list[spare_module.Spare] = []
+
+    def start(launch, key):
+        made.append(spare_module.Spare(key, launch, Running(), None, None))
+        return made[-1]
+
+    spares = spare_module.Spares(lambda: (Held(), "shown"), start, ended.append)
+    spares.make()
+    wait_for(lambda: len(made) == 1, what="the first spare")
+    taken = [spares.take("shown") for _ in range(3)]  # three calls at once: one finds the spare
+    assert taken[0] is made[0] and taken[1:] == [None, None]
+    for _ in taken:
+        spares.done(True)
+    wait_for(lambda: len(made) == 4, what="three spares made for the next burst")
+    assert not ended
+    wait_for(lambda: len(ended) == 2, timeout=5, what="the burst's extra spares ended once it lingered")
+    assert spares.take("another") is None  # shows other things now: ended, never taken
+    spares.done(True)
+    wait_for(lambda: len(ended) == 3, what="the stale spare ended")
+    spares.close()
+    assert len(ended) == len(made) - 1  # the one taken is its call's

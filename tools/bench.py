@@ -990,6 +990,9 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
     """20 × `sleep 0.5` sent at once through up, against the same through
     serve with the pass-through sandbox and 20 bare minimal bwraps of it
     started at once, interleaved."""
+    # After a burst, up makes its spares again (up to 16, one after another):
+    # nothing is timed until they are made.
+    settle = 1.0
     scratch = os.path.dirname(files)
     servers = {"up": Server(SERVER + ["up", "--agent", os.path.join(scratch, "agent-sleeps")]),
                "serve": Server(serve_argv(files))}
@@ -1000,7 +1003,7 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
     for round_ in range(rounds):
         for label, server in servers.items():
             ids = range(100 * round_ + 1, 100 * round_ + 21)
-            time.sleep(PACE)
+            time.sleep(settle)
             t = time.perf_counter()
             for request_id in ids:
                 server.call(request_id, {"program": "sh", "args": ["-c", "sleep 0.5"]})
@@ -1008,7 +1011,7 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
                 if server.wait(request_id)[1]["result"].get("isError"):
                     raise RuntimeError(f"a sleep through {label} failed")
             times[label].append(time.perf_counter() - t)
-        time.sleep(PACE)
+        time.sleep(settle)
         t = time.perf_counter()
         bare = [subprocess.Popen(BARE_BWRAP + ["sh", "-c", "sleep 0.5"], env={}) for _ in range(20)]
         for process in bare:
@@ -1019,8 +1022,9 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
     up, serve, bare_s = (statistics.median(times[label]) for label in ("up", "serve", "bare"))
     row("20 × `sleep 0.5` at once through up: all answered", f"{up:.3f} s", "target ≤ 0.6 s",
         f"through serve, pass-through sandbox: {serve:.3f} s; 20 minimal bwraps of it at once: {bare_s:.3f} s "
-        f"({up / bare_s:.2f}×); one sleep: 0.5 s")
-    figure("20 × `sleep 0.5` at once through up", f"{up:.3f} s ({up / bare_s:.2f}×)",
+        f"({up / bare_s:.2f}×); one sleep: 0.5 s; the first burst, one spare made: {times['up'][0]:.3f} s")
+    figure("20 × `sleep 0.5` at once through up (the median of 3 bursts; the first finds one spare)",
+           f"{up:.3f} s ({up / bare_s:.2f}×); the first: {times['up'][0]:.3f} s",
            f"20 minimal bwraps at once: {bare_s:.3f} s; pass-through sandbox: {serve:.3f} s; 0.5 s")
 
 

@@ -380,7 +380,7 @@ class Tools:
         if self.spares is None:
             return None
         data = script(request, launch.argv[len(launch.argv) - len(self.argv_tail(request)):], self.settings.files)
-        spare = self.spares.take(self._key(launch)) if data is not None else None
+        spare = self.spares.take(self._key(launch), use=data is not None)
         return (spare, data) if spare is not None and data is not None else None
 
     def _watch_etc(self) -> None:
@@ -406,11 +406,13 @@ class Tools:
         if progress is not None:
             def report(total: int) -> None:
                 progress(total, None, f"{total} bytes of output so far")
+        counted = False  # by the spares, as a call in flight
         try:
             with self.launch(request, grouped=False) as launch:
                 check_exec_size(launch)
                 no_internet = self._proxy_ready() if self.proxy is not None else None
                 since = time.time()
+                counted = self.spares is not None
                 spare = self._take_spare(request, launch)
                 if spare is None:
                     join_group(launch, self.sandbox)
@@ -424,7 +426,7 @@ class Tools:
         finally:
             os.close(folder_fd)
             if self.spares is not None:
-                self.spares.make()
+                self.spares.done(counted)
         if outcome.cancelled:
             return None
         text = command_text(outcome, request.timeout, self.settings, "start" in self.table)

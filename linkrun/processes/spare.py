@@ -1,8 +1,9 @@
 """A sandbox made before its call: bubblewrap's set-up off the call's path.
 
 Setting up a sandbox (its namespaces, a mount per bind, its filter) is
-most of what a short call costs. So serve keeps one sandbox made ahead, at
-its start and again after each call: bwrap runs LOADER, a small `sh` that
+most of what a short call costs. So serve keeps a sandbox made ahead, at
+its start and again after each call (after calls at once, as many as ran
+at once, for a while: `Spares`): bwrap runs LOADER, a small `sh` that
 waits on its standard input for the call's program. The call writes a
 script there (`script`): into the call's folder, the shell's own variables
 dropped, `exec` of the program. What the program then finds (its
@@ -17,15 +18,17 @@ change it). Otherwise the spare ends, off the call's path, and the call
 gets a sandbox made for it. A call never waits for a spare, except for one
 being made for the same key: it started earlier than a new one would.
 
-One slot, one thread: the thread that spawns a sandbox is the one its
-`--die-with-parent` is bound to, and this thread lives as long as serve.
+One thread makes them all: the thread that spawns a sandbox is the one
+its `--die-with-parent` is bound to, and this thread lives as long as serve.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -46,6 +49,8 @@ LOADER_TAIL = ("/bin/sh", "-c", LOADER)
 # `read` costs a syscall a byte: a longer script costs more than the set-up it saves.
 SCRIPT_LIMIT = 8192
 
+MOST = 16  # spares kept after a burst of calls at once
+LINGER = 60.0  # seconds they are kept after it
 MAKING_WAIT = 10.0  # seconds serve's end waits for a spare being made (a hand-over may take that long)
 _MAKING = object()  # the slot's key while a spare's launch is being prepared
 
@@ -87,49 +92,76 @@ class Spare:
 
 
 class Spares:
-    """One spare at a time, made by one thread that lives as long as serve.
+    """The spares, made one at a time by one thread that lives as long as serve.
 
-    `prepare` gives the spare's launch and its key (run on the thread),
-    `start` spawns it, `end` kills and reaps one not taken.
+    One is kept; after calls at once, as many as ran at once (at most MOST),
+    until LINGER seconds pass without so many, so that the next such burst
+    finds its sandboxes made. `prepare` gives a spare's launch and its key
+    (run on the thread), `start` spawns it, `end` kills and reaps one not taken.
     """
 
     def __init__(self, prepare: Callable[[], tuple[Launch, Hashable]], start: Callable[[Launch, Hashable], Spare],
                  end: Callable[[Spare], None]) -> None:
         self._prepare, self._start, self._end = prepare, start, end
         self._lock = threading.Condition()
-        self._ready: Spare | None = None
+        self._ready: list[Spare] = []
         self._making: object = None  # the key of the spare being made, _MAKING before it is known
+        self._in_flight = 0  # calls between take() and done()
+        self._wanted, self._wanted_since = 1, 0.0  # spares to keep, and when a burst last asked for that many
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._off: str | None = None  # why no more spares are made
 
-    def take(self, key: Hashable) -> Spare | None:
-        """The spare, when it shows what a sandbox made now for `key` would;
-        else None, and a spare that does not is ended off the call's path."""
+    def take(self, key: Hashable, use: bool = True) -> Spare | None:
+        """A spare that shows what a sandbox made now for `key` would; else
+        None. Spares that do not are ended off the call's path. Counts the
+        call as in flight (`use=False`: only that, for a call that cannot
+        use one): the caller calls `done(True)` once it ended."""
+        stale: list[Spare] = []
         with self._lock:
-            while self._making is _MAKING or (self._making is not None and self._making == key):
+            self._in_flight += 1
+            if self._in_flight >= self._wanted:
+                self._wanted, self._wanted_since = min(MOST, self._in_flight), time.monotonic()
+            if not use:
+                return None
+            while not self._ready and (self._making is _MAKING or (self._making is not None and self._making == key)):
                 self._lock.wait()
-            spare, self._ready = self._ready, None
-        if spare is None:
-            return None
-        if spare.key == key and spare.no_internet is None and spare.leader.process.poll() is None:
-            return spare
-        if spare.leader.process.poll() is not None:
+            found = None
+            while self._ready and found is None:
+                spare = self._ready.pop()
+                if spare.key == key and spare.no_internet is None and spare.leader.process.poll() is None:
+                    found = spare
+                else:
+                    stale.append(spare)
+        if any(spare.leader.process.poll() is not None for spare in stale):
             self._turn_off("a spare sandbox ended before its call")
-        self._run(lambda: self._end(spare))
-        return None
+        if stale:
+            self._run(functools.partial(self._end_all, stale))
+        return found
+
+    def _end_all(self, spares: list[Spare]) -> None:
+        for spare in spares:
+            self._end(spare)
+
+    def done(self, counted: bool) -> None:
+        """A call ended (`counted`: it was counted in `take`): the spares made up again."""
+        if counted:
+            with self._lock:
+                self._in_flight -= 1
+        self.make()
 
     def make(self) -> None:
-        """After a call (and at the start): make the next spare, unless one is there or on its way."""
+        """Make the next spare, unless enough are there or one is on its way."""
         with self._lock:
-            if self._closed or self._off or self._ready is not None or self._making is not None:
+            if (self._closed or self._off or self._making is not None
+                    or len(self._ready) >= self._wanted):
                 return
             self._making = _MAKING
         self._run(self._make)
 
     def close(self) -> None:
-        """At serve's end: the spare ended, one being made ended once made, and none made any more.
+        """At serve's end: the spares ended, one being made ended once made, and none made any more.
 
         Waits for one being made: serve's end cuts off a bwrap in its set-up
         (its parent-death signal), and bwrap 0.8's init, made but not yet let
@@ -137,9 +169,9 @@ class Spares:
         with self._lock:
             self._closed = True
             self._lock.wait_for(lambda: self._making is None, timeout=MAKING_WAIT)
-            spare, self._ready = self._ready, None
-        if spare is not None:
-            self._end(spare)
+            spares, self._ready = self._ready, []
+        self._end_all(spares)
+        self._jobs.put(lambda: None)  # wakes the thread, if one runs: it ends
 
     def _make(self) -> None:
         spare = None
@@ -160,12 +192,23 @@ class Spares:
         finally:
             with self._lock:
                 if spare is not None and not self._closed:
-                    self._ready, spare = spare, None
+                    self._ready.insert(0, spare)  # taken last: the newest are taken first
+                    spare = None
             if spare is not None:  # closed meanwhile: ended before close() returns
                 self._end(spare)
             with self._lock:
                 self._making = None
                 self._lock.notify_all()
+        self.make()  # the next, while fewer than wanted
+
+    def _trim(self) -> None:
+        """LINGER seconds after the last burst: back to one spare."""
+        with self._lock:
+            if self._wanted == 1 or time.monotonic() - self._wanted_since < LINGER or self._in_flight:
+                return
+            self._wanted = 1
+            extra, self._ready = self._ready[:-1], self._ready[-1:]
+        self._end_all(extra)
 
     def _turn_off(self, why: str) -> None:
         with self._lock:
@@ -183,4 +226,12 @@ class Spares:
 
     def _work(self) -> None:
         while True:
-            self._jobs.get()()
+            try:
+                self._jobs.get(timeout=LINGER)()
+            except queue.Empty:
+                pass
+            self._trim()
+            with self._lock:
+                if self._closed and self._making is None and self._jobs.empty():
+                    self._thread = None
+                    return  # the spares it spawned are ended: nothing is bound to it any more

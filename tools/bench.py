@@ -986,7 +986,7 @@ def agents(files: str) -> None:
                    f"{p99_ms(bare):.1f} ms; {bare_rss:.0f} MB")
 
 
-def sleeps_at_once(files: str, rounds: int = 3) -> None:
+def sleeps_at_once(files: str, rounds: int = 5) -> None:
     """20 × `sleep 0.5` sent at once through up, against the same through
     serve with the pass-through sandbox and 20 bare minimal bwraps of it
     started at once, interleaved."""
@@ -1023,7 +1023,7 @@ def sleeps_at_once(files: str, rounds: int = 3) -> None:
     row("20 × `sleep 0.5` at once through up: all answered", f"{up:.3f} s", "target ≤ 0.6 s",
         f"through serve, pass-through sandbox: {serve:.3f} s; 20 minimal bwraps of it at once: {bare_s:.3f} s "
         f"({up / bare_s:.2f}×); one sleep: 0.5 s; the first burst, one spare made: {times['up'][0]:.3f} s")
-    figure("20 × `sleep 0.5` at once through up (the median of 3 bursts; the first finds one spare)",
+    figure("20 × `sleep 0.5` at once through up (the median of 5 bursts; the first finds one spare)",
            f"{up:.3f} s ({up / bare_s:.2f}×); the first: {times['up'][0]:.3f} s",
            f"20 minimal bwraps at once: {bare_s:.3f} s; pass-through sandbox: {serve:.3f} s; 0.5 s")
 

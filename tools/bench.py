@@ -573,7 +573,7 @@ def sandbox(files: str):
             run()
             samples.append(time.perf_counter() - t)
     row("command `sh -c 'exit 0'` through up's sandbox", f"{median_ms(through):.2f} ms", "target ≤ +2 ms",
-        f"bare bwrap of the same argv: {median_ms(t_sh):.2f} ms (+{median_ms(through) - median_ms(t_sh):.2f} ms); "
+        f"bare bwrap of the same argv: {median_ms(t_sh):.2f} ms ({median_ms(through) - median_ms(t_sh):+.2f} ms); "
         f"/bin/true bare: {median_ms(bare):.2f} ms")
     row("  the same, against a minimal bwrap of /bin/true", f"{median_ms(through) / median_ms(least):.2f}×", "",
         f"minimal bwrap (--ro-bind / / --unshare-all --dev --proc): {median_ms(least):.2f} ms; "

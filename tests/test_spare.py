@@ -14,9 +14,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
-from conftest import descendants, spare_ready as waiting_spare, spares_of, text_of, wait_for, waiting_spares
+from conftest import (descendants, kill_quietly, require_sandbox, spare_ready as waiting_spare, spares_of, text_of,
+                      wait_for, waiting_spares)
+from linkrun.sandboxing import strays
 from linkrun.processes import spare as spare_module
+from linkrun.processes.runner import Request
 from linkrun.processes.spare import SCRIPT_LIMIT
 from up_harness import Up, processes_with, running_as_root, start_up
 
@@ -30,6 +37,7 @@ grep -E '^(Sig(Blk|Ign)|NoNewPrivs|Seccomp|Cap(Inh|Prm|Eff|Bnd|Amb)|Uid|Gid|Grou
 ulimit -a
 cat /proc/self/cgroup /proc/self/uid_map
 stat -L -c %F /proc/self/fd/0
+grep -E '^(flags|pos)' /proc/self/fdinfo/0
 awk '{print $5, $6}' /proc/self/mountinfo
 ls -a
 """
@@ -124,11 +132,12 @@ def test_serve_closed_right_after_a_call_leaves_no_sandbox_behind(up_as: Up) -> 
 
 def test_a_new_serve_ends_the_sandboxes_a_killed_one_left_behind(up_as: Up, request) -> None:
     # A serve killed in the moment bwrap sets up leaves the sandbox nobody's:
-    # made here as an orphan of a shell that exits, its program running on.
+    # made here as an orphan of a shell that exits, its program running on,
+    # its output a pipe that no parent of it reads.
     files = str(up_as.agent / "Files")
     tag = up_as.tag()
     orphan = (f"(bwrap --unshare-all --ro-bind / / --ro-bind {files} {files} --info-fd 3 "
-              f"-- sh -c 'sleep 1000' {tag} 3>/dev/null </dev/null >/dev/null 2>&1 &)")
+              f"-- sh -c 'sleep 1000' {tag} 3>/dev/null </dev/null 2>&1 | cat >/dev/null &)")
     owner = os.stat(files)
     subprocess.run(["sh", "-c", orphan], check=True, user=owner.st_uid, group=owner.st_gid, cwd="/")
     wait_for(lambda: processes_with(tag), timeout=10, what="the orphaned sandbox's program")
@@ -167,8 +176,10 @@ def test_the_spares_of_a_burst_go_back_to_one_once_it_lingered(monkeypatch) -> N
     # The pool alone, in this process, its spares stand-ins: its timing is its own.
     monkeypatch.setattr(spare_module, "LINGER", 0.3)
 
+    alive = os.pidfd_open(os.getpid())  # never readable while this test runs: a spare that runs
+
     class Running:
-        process = type("Process", (), {"poll": lambda self: None})()
+        pidfd = alive
 
     class Held:
         def close(self) -> None:
@@ -195,4 +206,124 @@ def test_the_spares_of_a_burst_go_back_to_one_once_it_lingered(monkeypatch) -> N
     spares.done(True)
     wait_for(lambda: len(ended) == 3, what="the stale spare ended")
     spares.close()
+    os.close(alive)
     assert len(ended) == len(made) - 1  # the one taken is its call's
+
+
+LAUNCHER = """
+import subprocess, sys
+box = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+box.stdout.read()
+"""
+
+
+def test_a_sandbox_whose_launcher_reads_its_output_is_no_stray_however_it_was_started(tmp_path: Path) -> None:
+    # serve runs as `lnk-link-run up` (its command line need not name the
+    # package); what marks a live launch is that its launcher reads its output.
+    require_sandbox()
+    files = str(tmp_path / "Files")
+    os.makedirs(files)
+    tag = f"lnk-left-behind-{os.getpid()}-{time.monotonic_ns()}"
+    box = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--ro-bind", files, files, "--info-fd", "2",
+           "--", "sh", "-c", "sleep 1000; :", tag]
+    launcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", LAUNCHER, *box])
+
+    def program_runs() -> bool:  # the sandbox is set up: its `sh` runs
+        return any(Path(f"/proc/{pid}/comm").read_text().strip() == "sh" for pid in processes_with(tag)
+                   if os.path.exists(f"/proc/{pid}/comm"))
+    try:
+        wait_for(program_runs, timeout=10, what="the launched sandbox's program")
+        assert strays.find(files) == []
+        launcher.kill()  # its sandbox is an orphan now, its program running on
+        launcher.wait()
+        wait_for(lambda: strays.find(files), timeout=10, what="the orphan to be seen as a stray")
+        assert strays.end(files) >= 1
+        wait_for(lambda: not processes_with(tag), timeout=10, what="the stray sandbox to end")
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for pid in processes_with(tag):
+            kill_quietly(pid)
+
+
+def test_the_loader_hands_the_program_the_environment_it_was_given_under_dash_and_bash() -> None:
+    # bash's exec sets SHLVL again after an unset; /bin/sh is bash on Fedora and Arch.
+    request = Request("/usr/bin/env", (), None, "", 10.0)
+    data = spare_module.script(request, ["/usr/bin/env"], "/")
+    assert data is not None
+    shells = [shell for shell in ("/bin/dash", "/bin/bash", "/bin/sh") if os.path.exists(shell)]
+    for shell in shells:
+        done = subprocess.run([shell, "-c", spare_module.LOADER], input=data, env={"KEPT": "1"}, cwd="/",
+                              capture_output=True, check=True)
+        assert done.stdout == b"KEPT=1\n", (shell, done.stdout)
+
+
+def test_calls_at_once_do_not_queue_behind_a_spare_being_made() -> None:
+    # The pool alone: while a spare is being made, one call may wait for it,
+    # the others make their own at once.
+    made = threading.Event()
+    alive = os.pidfd_open(os.getpid())
+
+    class Running:
+        pidfd = alive
+
+    class Held:
+        def close(self) -> None:
+            pass
+
+    def prepare():
+        return Held(), "shown"
+
+    def start(launch, key):
+        made.wait(30)  # the making in its slow part
+        return spare_module.Spare(key, launch, Running(), None, None)
+
+    spares = spare_module.Spares(prepare, start, lambda spare: None)
+    spares.make()
+    answers: list[object] = []
+    calls = [threading.Thread(target=lambda: answers.append(spares.take("shown"))) for _ in range(4)]
+    for call in calls:
+        call.start()
+    wait_for(lambda: len(answers) == 3, timeout=10, what="three calls to go on without the spare")
+    assert answers == [None, None, None]
+    made.set()
+    for call in calls:
+        call.join(10)
+    assert isinstance(answers[3], spare_module.Spare)
+    for _ in calls:
+        spares.done(True)
+    spares.close()
+    os.close(alive)
+
+
+def test_a_failing_job_turns_the_spares_off_and_no_call_waits_for_them() -> None:
+    alive = os.pidfd_open(os.getpid())
+
+    class Running:
+        pidfd = alive
+
+    class Held:
+        def close(self) -> None:
+            pass
+
+    def end(spare) -> None:
+        raise OSError("the group could not be killed")
+
+    made: list[spare_module.Spare] = []
+
+    def start(launch, key):
+        made.append(spare_module.Spare(key, launch, Running(), None, None))
+        return made[-1]
+
+    spares = spare_module.Spares(lambda: (Held(), "shown"), start, end)
+    spares.make()
+    wait_for(lambda: made, what="a spare")
+    assert spares.take("other") is None  # stale: its end, on the thread, fails
+    spares.done(True)
+    wait_for(lambda: spares.off is not None, what="the spares turned off")
+    done = threading.Event()
+    threading.Thread(target=lambda: (spares.take("shown"), done.set())).start()
+    assert done.wait(10), "a call waited for spares that are off"
+    spares.done(True)
+    spares.close()
+    os.close(alive)

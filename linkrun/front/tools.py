@@ -22,7 +22,7 @@ from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
 from .command_answer import command_structured, command_text, limit_warnings, limits_sentence
 from ..config import Serve
 from ..errors import LinkRunError, Refused
-from ..processes.spare import LOADER_TAIL, Spare, Spares, script
+from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
 from ..sandboxing.launch import Launch, Sandbox, join_group, prepare, program_argv
 from ..processes.programs import Programs
 from ..units import describe_size, format_duration
@@ -366,8 +366,8 @@ class Tools:
         return launch.key, self.proxy.generation if self.proxy is not None else 0
 
     def _prepare_spare(self) -> tuple[Launch, tuple]:
-        if self.proxy is not None:
-            self._proxy_ready()
+        if self.proxy is not None and not self.proxy.running():
+            raise NotNow  # a call starts the proxy and waits for it; a spare never does
         self._watch_etc()
         launch = prepare(self.sandbox, LOADER_TAIL, "", self._files_descriptor())
         return launch, self._key(launch)

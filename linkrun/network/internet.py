@@ -144,6 +144,11 @@ class Users:
             self.proxy = _watch(pid, socket_path(self.state))
             self.generation += 1
 
+    def running(self) -> bool:
+        """The proxy that answered last runs still (seen by its pidfd, without a probe or a wait)."""
+        with self.lock:
+            return self.proxy is not None and not select.select([self.proxy], [], [], 0)[0]
+
     def close(self) -> None:
         with self.lock:
             for fd in (self.fd, self.proxy):

@@ -168,7 +168,13 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     started = boottime()
     if spare is not None:
         leader, group = spare[0].leader, spare[0].group
-        spare[0].go(spare[1], bool(request.input))
+        try:
+            spare[0].go(spare[1], bool(request.input))
+        except BaseException:  # its loader ended meanwhile (killed from outside): nothing ran
+            _abandon(leader)
+            if group is not None:
+                _keep_or_remove_soon(group)
+            raise
     else:
         leader, group = _spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
     try:
@@ -198,16 +204,25 @@ def _spawn(launch: Launch, cwd: str, stdin: int) -> tuple[Leader, cgroups.Group 
     try:
         leader.sandbox_init = launch.started()
     except BaseException:
-        leader.kill()
-        leader.close()
-        process.wait()
-        for pipe in (process.stdin, process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
+        _abandon(leader)
         if group is not None:
             _keep_or_remove_soon(group)
         raise
     return leader, group
+
+
+def _abandon(leader: Leader) -> None:
+    """A sandbox given up before its program's output was watched: killed, reaped, its descriptors closed."""
+    process = leader.process
+    leader.kill()
+    process.wait()
+    leader.close()
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass  # a write to the dead loader left unflushed
 
 
 def start_spare(launch: Launch, key: Hashable, files: str) -> Spare:
@@ -218,13 +233,7 @@ def start_spare(launch: Launch, key: Hashable, files: str) -> Spare:
 
 def end_spare(spare: Spare) -> None:
     """A spare not taken: killed with all it holds, reaped, its group kept or removed."""
-    leader, process = spare.leader, spare.leader.process
-    leader.kill()
-    process.wait()
-    leader.close()
-    for pipe in (process.stdin, process.stdout, process.stderr):
-        if pipe is not None:
-            pipe.close()
+    _abandon(spare.leader)
     spare.launch.close()
     if spare.group is not None:
         _keep_or_remove_soon(spare.group)

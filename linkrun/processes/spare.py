@@ -15,8 +15,9 @@ takes it only when a sandbox made for the call would show the same things:
 `Launch.key` names each bound folder and file by its identity (a folder
 renamed, a repository made since, a rebuilt /etc view, another proxy all
 change it). Otherwise the spare ends, off the call's path, and the call
-gets a sandbox made for it. A call never waits for a spare, except for one
-being made for the same key: it started earlier than a new one would.
+gets a sandbox made for it. At most one call waits for a spare being made
+(for its key, or one not known yet): it started earlier than a new one
+would; the others make their own at once.
 
 One thread makes them all: the thread that spawns a sandbox is the one
 its `--die-with-parent` is bound to, and this thread lives as long as serve.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import select
 import sys
 import threading
 import time
@@ -51,7 +53,7 @@ SCRIPT_LIMIT = 8192
 
 MOST = 16  # spares kept after a burst of calls at once
 LINGER = 60.0  # seconds they are kept after it
-MAKING_WAIT = 10.0  # seconds serve's end waits for a spare being made (a hand-over may take that long)
+MAKING_WAIT = 15.0  # seconds serve's end waits for a spare being made (its hand-over may take 10)
 _MAKING = object()  # the slot's key while a spare's launch is being prepared
 
 
@@ -65,7 +67,9 @@ def script(request: Request, argv: list[str], files: str) -> bytes | None:
     go: the program gets the sandbox's environment as it was given."""
     folder = request.folder.strip("/")
     text = f"cd -- {quote(f'{files}/{folder}')} || exit 125\n" if folder not in ("", ".") else ""
-    text += "unset PWD OLDPWD SHLVL\nexec " + ("" if request.input else "0</dev/null ")
+    # bash's exec sets SHLVL again, whatever was unset: env drops it there.
+    text += 'unset PWD OLDPWD SHLVL\ne=; [ -z "${BASH_VERSION-}" ] || e="/usr/bin/env -u SHLVL"\n'
+    text += "exec " + ("" if request.input else "0<>/dev/null ") + "$e "  # /dev/null as subprocess opens it
     text += " ".join(quote(arg) for arg in argv)
     data = f"{text.count(chr(10)) + 1}\n{text}\n".encode(errors="surrogateescape")
     return data if len(data) <= SCRIPT_LIMIT else None
@@ -91,6 +95,16 @@ class Spare:
             stdin.close()
 
 
+class NotNow(Exception):
+    """No spare can be made now (the agent's proxy does not run yet): the next call's try again."""
+
+
+def _running(spare: Spare) -> bool:
+    """The spare's bwrap runs still: its pidfd is not readable (not reaped: its ids stay ours)."""
+    pidfd = spare.leader.pidfd
+    return pidfd is not None and not select.select([pidfd], [], [], 0)[0]
+
+
 class Spares:
     """The spares, made one at a time by one thread that lives as long as serve.
 
@@ -110,8 +124,15 @@ class Spares:
         self._wanted, self._wanted_since = 1, 0.0  # spares to keep, and when a burst last asked for that many
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._made = 0  # spares made so far (or failed): what a waiting call waits to change
+        self._waiter = False  # a call waits for the spare being made: the next ones make their own
         self._closed = False
         self._off: str | None = None  # why no more spares are made
+
+    @property
+    def off(self) -> str | None:
+        """Why no spares are made any more, or None while they are."""
+        return self._off
 
     def take(self, key: Hashable, use: bool = True) -> Spare | None:
         """A spare that shows what a sandbox made now for `key` would; else
@@ -125,16 +146,18 @@ class Spares:
                 self._wanted, self._wanted_since = min(MOST, self._in_flight), time.monotonic()
             if not use:
                 return None
-            while not self._ready and (self._making is _MAKING or (self._making is not None and self._making == key)):
-                self._lock.wait()
+            if not self._ready and not self._waiter and self._making in (_MAKING, key):
+                self._waiter, made = True, self._made
+                self._lock.wait_for(lambda: self._made != made or self._making not in (_MAKING, key))
+                self._waiter = False
             found = None
             while self._ready and found is None:
                 spare = self._ready.pop()
-                if spare.key == key and spare.no_internet is None and spare.leader.process.poll() is None:
+                if spare.key == key and spare.no_internet is None and _running(spare):
                     found = spare
                 else:
                     stale.append(spare)
-        if any(spare.leader.process.poll() is not None for spare in stale):
+        if not all(_running(spare) for spare in stale):
             self._turn_off("a spare sandbox ended before its call")
         if stale:
             self._run(functools.partial(self._end_all, stale))
@@ -176,28 +199,33 @@ class Spares:
     def _make(self) -> None:
         spare = None
         try:
+            if self._off:
+                return  # turned off since this making was asked for
             launch, key = self._prepare()
             with self._lock:
                 self._making = key
                 self._lock.notify_all()
+                closed = self._closed
             try:
-                spare = self._start(launch, key)
-            except BaseException:
-                launch.close()
-                raise
-        except Refused:
+                if not closed:
+                    spare = self._start(launch, key)
+            finally:
+                if spare is None:
+                    launch.close()
+        except (Refused, NotNow):
             pass  # the call will be refused too, and say why; the next call's spare tries again
         except Exception as problem:  # a sandbox that cannot be made ahead: the calls make their own
             self._turn_off(f"cannot make a spare sandbox: {problem}")
         finally:
             with self._lock:
                 if spare is not None and not self._closed:
-                    self._ready.insert(0, spare)  # taken last: the newest are taken first
+                    self._ready.append(spare)  # taken first, and kept last by _trim
                     spare = None
             if spare is not None:  # closed meanwhile: ended before close() returns
                 self._end(spare)
             with self._lock:
                 self._making = None
+                self._made += 1
                 self._lock.notify_all()
         self.make()  # the next, while fewer than wanted
 
@@ -228,9 +256,15 @@ class Spares:
         while True:
             try:
                 self._jobs.get(timeout=LINGER)()
+                self._trim()
             except queue.Empty:
-                pass
-            self._trim()
+                self._trim()
+            except Exception as problem:  # a bug of ours: said, the spares off, and the thread lives on
+                self._turn_off(f"the spares failed: {problem!r}")
+                with self._lock:
+                    self._making = None
+                    self._made += 1
+                    self._lock.notify_all()
             with self._lock:
                 if self._closed and self._making is None and self._jobs.empty():
                     self._thread = None

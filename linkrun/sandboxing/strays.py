@@ -10,8 +10,9 @@ after its first answer.
 A stray is a bwrap of this user whose argv binds the agent's files folder
 and watches its init (`--info-fd`: serve's calls and spares, a
 supervisor's command; not `lnk-link-run sandbox`, which a person runs),
-and whose parent is neither a bwrap nor Link Run. A live launch always
-has one of those as its parent.
+whose parent is no bwrap (an init's is its bwrap), and whose parent does
+not hold its output's pipe: the serve or supervisor that spawned a live
+launch reads that pipe, a reaper that inherited an orphan does not.
 """
 
 from __future__ import annotations
@@ -36,46 +37,88 @@ def end(files: str) -> int:
     """SIGKILL each stray and what runs below it; how many there were.
 
     Each is held by a pidfd and checked again before its signal, so a pid
-    reused meanwhile is never the one killed. An init's end ends its pid
-    namespace; an outer bwrap's init is killed with it."""
+    reused meanwhile is never the one killed; its children (an outer
+    bwrap's init, which ends its pid namespace) are held before it dies."""
     ended = 0
     wanted = files.encode()
     for pid in find(files):
-        for target in [*_children(pid), pid]:
-            try:
-                pidfd = os.pidfd_open(target)
-            except OSError:
-                continue  # ended already
-            try:
-                if target == pid and not _is_stray(pid, wanted):
-                    continue
-                if target != pid and not _is_bwrap(target):
-                    continue
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                ended += target == pid
-            except ProcessLookupError:
-                pass
-            finally:
+        held = _hold(pid)
+        if held is None:
+            continue
+        try:
+            if not _is_stray(pid, wanted):
+                continue
+            below = []
+            for child in _children(pid):  # its init, checked once held: the pid is its for sure then
+                pidfd = _hold(child)
+                if pidfd is not None and _is_bwrap(child) and _parent(child) == pid:
+                    below.append(pidfd)
+                elif pidfd is not None:
+                    os.close(pidfd)
+            for pidfd in [held, *below]:
+                try:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass  # ended already
+            for pidfd in below:
                 os.close(pidfd)
+            ended += 1
+        finally:
+            os.close(held)
     return ended
 
 
-def _is_stray(pid: int, files: bytes) -> bool:
+def _hold(pid: int) -> int | None:
     try:
-        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
-            return False
+        return os.pidfd_open(pid)
     except OSError:
+        return None  # ended already
+
+
+def _is_stray(pid: int, files: bytes) -> bool:
+    if _real_uid(pid) != os.getuid():
         return False
     argv = _argv(pid)
     if not argv or os.path.basename(argv[0]) != b"bwrap" or b"--info-fd" not in argv or files not in argv:
         return False
     parent = _parent(pid)
-    if parent is None:
-        return False
-    parent_argv = _argv(parent)
-    launched_by_us = (parent_argv and os.path.basename(parent_argv[0]) == b"bwrap") or any(
-        b"linkrun" in arg for arg in parent_argv)
-    return not launched_by_us
+    if parent is None or _is_bwrap(parent):
+        return False  # a sandbox's init under its bwrap
+    return not _reads_its_output(parent, pid)
+
+
+def _reads_its_output(parent: int, pid: int) -> bool:
+    """The parent holds the pipe of the bwrap's output: the serve or the
+    supervisor that spawned it and watches it, however it was started. A
+    reaper that inherited an orphan holds none. Unknown (True) when the
+    output is no pipe: nothing of Link Run's launches so."""
+    try:
+        output = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return True
+    if not output.startswith("pipe:"):
+        return True
+    if _real_uid(parent) != os.getuid():
+        return False  # a launcher of ours runs as us: this is a reaper (init, or a subreaper of root's)
+    try:
+        held = os.listdir(f"/proc/{parent}/fd")
+    except OSError:
+        return True  # gone meanwhile, or not to be looked into: not ours to judge
+    for fd in held:
+        try:
+            if os.readlink(f"/proc/{parent}/fd/{fd}") == output:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _real_uid(pid: int) -> int | None:
+    status = read_small(f"/proc/{pid}/status")
+    at = status.find(b"\nUid:") if status is not None else -1
+    if status is None or at < 0:
+        return None
+    return int(status[at + 5:status.find(b"\n", at + 1)].split()[0])
 
 
 def _is_bwrap(pid: int) -> bool:

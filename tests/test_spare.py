@@ -17,7 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from conftest import (descendants, kill_quietly, require_sandbox, spare_ready as waiting_spare, spares_of, text_of,
                       wait_for, waiting_spares)
@@ -25,7 +28,7 @@ from linkrun.sandboxing import strays
 from linkrun.processes import spare as spare_module
 from linkrun.processes.runner import Request
 from linkrun.processes.spare import SCRIPT_LIMIT
-from up_harness import Up, processes_with, running_as_root, start_up
+from up_harness import Up, processes_with, program_runs, running_as_root, start_up
 
 # The loader's first words, put together inside so that this script itself never holds them.
 IN_SPARE = 'r="read -r"; if tr "\\0" " " </proc/1/cmdline | grep -q "IFS= $r n"; then echo spare; else echo made; fi'
@@ -172,27 +175,40 @@ def test_after_calls_at_once_as_many_spares_wait_for_the_next_such_burst(up_as: 
     assert burst(up_as, 4, 4) == ["spare"] * 4
 
 
-def test_the_spares_of_a_burst_go_back_to_one_once_it_lingered(monkeypatch) -> None:
+class StandIn:
+    """For tests of the pool alone, in this process: a spare's launch and its
+    leader, stand-ins whose timing is their own. The leader's pidfd is one
+    of this process, never readable while the test runs: a spare that runs."""
+
+    def __init__(self, pidfd: int) -> None:
+        self.leader = type("Running", (), {"pidfd": pidfd})()
+
+    def prepare(self) -> tuple[object, str]:
+        return type("Held", (), {"close": lambda self: None})(), "shown"
+
+    def spare(self, key: str) -> spare_module.Spare:
+        launch, _ = self.prepare()
+        return spare_module.Spare(key, launch, self.leader, None)
+
+
+@pytest.fixture
+def stand_in() -> Iterator[StandIn]:
+    pidfd = os.pidfd_open(os.getpid())
+    yield StandIn(pidfd)
+    os.close(pidfd)
+
+
+def test_the_spares_of_a_burst_go_back_to_one_once_it_lingered(monkeypatch, stand_in: StandIn) -> None:
     # The pool alone, in this process, its spares stand-ins: its timing is its own.
     monkeypatch.setattr(spare_module, "LINGER", 0.3)
-
-    alive = os.pidfd_open(os.getpid())  # never readable while this test runs: a spare that runs
-
-    class Running:
-        pidfd = alive
-
-    class Held:
-        def close(self) -> None:
-            pass
-
     made: list[spare_module.Spare] = []
     ended: list[spare_module.Spare] = []
 
     def start(launch, key):
-        made.append(spare_module.Spare(key, launch, Running(), None, None))
+        made.append(stand_in.spare(key))
         return made[-1]
 
-    spares = spare_module.Spares(lambda: (Held(), "shown"), start, ended.append)
+    spares = spare_module.Spares(stand_in.prepare, start, ended.append)
     spares.make()
     wait_for(lambda: len(made) == 1, what="the first spare")
     taken = [spares.take("shown") for _ in range(3)]  # three calls at once: one finds the spare
@@ -206,7 +222,6 @@ def test_the_spares_of_a_burst_go_back_to_one_once_it_lingered(monkeypatch) -> N
     spares.done(True)
     wait_for(lambda: len(ended) == 3, what="the stale spare ended")
     spares.close()
-    os.close(alive)
     assert len(ended) == len(made) - 1  # the one taken is its call's
 
 
@@ -227,12 +242,8 @@ def test_a_sandbox_whose_launcher_reads_its_output_is_no_stray_however_it_was_st
     box = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--ro-bind", files, files, "--info-fd", "2",
            "--", "sh", "-c", "sleep 1000; :", tag]
     launcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", LAUNCHER, *box])
-
-    def program_runs() -> bool:  # the sandbox is set up: its `sh` runs
-        return any(Path(f"/proc/{pid}/comm").read_text().strip() == "sh" for pid in processes_with(tag)
-                   if os.path.exists(f"/proc/{pid}/comm"))
     try:
-        wait_for(program_runs, timeout=10, what="the launched sandbox's program")
+        wait_for(lambda: program_runs(tag), timeout=10, what="the launched sandbox's program")
         assert strays.find(files) == []
         launcher.kill()  # its sandbox is an orphan now, its program running on
         launcher.wait()
@@ -258,27 +269,16 @@ def test_the_loader_hands_the_program_the_environment_it_was_given_under_dash_an
         assert done.stdout == b"KEPT=1\n", (shell, done.stdout)
 
 
-def test_calls_at_once_do_not_queue_behind_a_spare_being_made() -> None:
+def test_calls_at_once_do_not_queue_behind_a_spare_being_made(stand_in: StandIn) -> None:
     # The pool alone: while a spare is being made, one call may wait for it,
     # the others make their own at once.
     made = threading.Event()
-    alive = os.pidfd_open(os.getpid())
-
-    class Running:
-        pidfd = alive
-
-    class Held:
-        def close(self) -> None:
-            pass
-
-    def prepare():
-        return Held(), "shown"
 
     def start(launch, key):
         made.wait(30)  # the making in its slow part
-        return spare_module.Spare(key, launch, Running(), None, None)
+        return stand_in.spare(key)
 
-    spares = spare_module.Spares(prepare, start, lambda spare: None)
+    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None)
     spares.make()
     answers: list[object] = []
     calls = [threading.Thread(target=lambda: answers.append(spares.take("shown"))) for _ in range(4)]
@@ -293,29 +293,19 @@ def test_calls_at_once_do_not_queue_behind_a_spare_being_made() -> None:
     for _ in calls:
         spares.done(True)
     spares.close()
-    os.close(alive)
 
 
-def test_a_failing_job_turns_the_spares_off_and_no_call_waits_for_them() -> None:
-    alive = os.pidfd_open(os.getpid())
-
-    class Running:
-        pidfd = alive
-
-    class Held:
-        def close(self) -> None:
-            pass
-
+def test_a_failing_job_turns_the_spares_off_and_no_call_waits_for_them(stand_in: StandIn) -> None:
     def end(spare) -> None:
         raise OSError("the group could not be killed")
 
     made: list[spare_module.Spare] = []
 
     def start(launch, key):
-        made.append(spare_module.Spare(key, launch, Running(), None, None))
+        made.append(stand_in.spare(key))
         return made[-1]
 
-    spares = spare_module.Spares(lambda: (Held(), "shown"), start, end)
+    spares = spare_module.Spares(stand_in.prepare, start, end)
     spares.make()
     wait_for(lambda: made, what="a spare")
     assert spares.take("other") is None  # stale: its end, on the thread, fails
@@ -326,4 +316,3 @@ def test_a_failing_job_turns_the_spares_off_and_no_call_waits_for_them() -> None
     assert done.wait(10), "a call waited for spares that are off"
     spares.done(True)
     spares.close()
-    os.close(alive)

@@ -379,7 +379,7 @@ class Tools:
         """The spare for this call, with its script; None when a sandbox is made for it."""
         if self.spares is None:
             return None
-        data = script(request, launch.argv[len(launch.argv) - len(self.argv_tail(request)):], self.settings.files)
+        data = script(request, self.argv_tail(request), self.settings.files)
         spare = self.spares.take(self._key(launch), use=data is not None)
         return (spare, data) if spare is not None and data is not None else None
 

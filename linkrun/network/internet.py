@@ -118,7 +118,7 @@ class Users:
     def ensure(self, timeout: float = 10.0) -> None:
         with self.lock:
             if self.proxy is not None:
-                if not select.select([self.proxy], [], [], 0)[0]:
+                if self._alive():
                     return  # the proxy that answered runs still: no probe, nothing it must wake for
                 os.close(self.proxy)
                 self.proxy = None
@@ -147,7 +147,10 @@ class Users:
     def running(self) -> bool:
         """The proxy that answered last runs still (seen by its pidfd, without a probe or a wait)."""
         with self.lock:
-            return self.proxy is not None and not select.select([self.proxy], [], [], 0)[0]
+            return self._alive()
+
+    def _alive(self) -> bool:
+        return self.proxy is not None and not select.select([self.proxy], [], [], 0)[0]
 
     def close(self) -> None:
         with self.lock:

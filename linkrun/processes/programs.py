@@ -6,6 +6,7 @@ import os
 import stat
 
 from ..errors import Refused
+from ..sandboxing.launch import BINDS_BY_PATH
 
 
 class Programs:
@@ -94,15 +95,12 @@ def _executable(path: str) -> bool:
     return stat.S_ISREG(mode) and os.access(path, os.X_OK)
 
 
-_BINDS = {"--bind", "--ro-bind", "--bind-try", "--ro-bind-try", "--dev-bind", "--dev-bind-try"}
-
-
 def bound_folders(sandbox: tuple[str, ...]) -> list[str] | None:
     """The host folders a bubblewrap argv shows inside (a bind's source), or
     None for a sandbox that is no bubblewrap (a pass-through shows everything)."""
     if not any(os.path.basename(arg) == "bwrap" for arg in sandbox):
         return None
-    return [sandbox[i + 1] for i, arg in enumerate(sandbox[:-2]) if arg in _BINDS]
+    return [sandbox[i + 1] for i, arg in enumerate(sandbox[:-2]) if arg in BINDS_BY_PATH]
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -27,7 +27,7 @@ from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
 from ..errors import Refused
 from .group import CHUNK, Leader, Watch, grow_pipe
-from .spare import Spare
+from .spare import NotNow, Spare
 from ..sandboxing.launch import Launch
 
 LEFTOVER_GRACE = 1.0
@@ -226,9 +226,15 @@ def _abandon(leader: Leader) -> None:
 
 
 def start_spare(launch: Launch, key: Hashable, files: str) -> Spare:
-    """A sandbox whose loader waits for its program (spare.py), spawned by the spares' thread."""
+    """A sandbox whose loader waits for its program (spare.py), spawned by the
+    spares' thread; NotNow, ended, when the proxy did not listen in it (a
+    call's own sandbox may have the internet)."""
     leader, group = _spawn(launch, files, subprocess.PIPE)
-    return Spare(key, launch, leader, group, launch.no_internet)
+    spare = Spare(key, launch, leader, group)
+    if launch.no_internet is not None:
+        end_spare(spare)
+        raise NotNow(launch.no_internet)
+    return spare
 
 
 def end_spare(spare: Spare) -> None:

@@ -83,7 +83,6 @@ class Spare:
     launch: Launch  # held until the spare's sandbox ended: its /etc view pinned, bwrap's info pipe read
     leader: Leader
     group: Group | None
-    no_internet: str | None  # why a program in it would have no internet (then it is never taken)
 
     def go(self, data: bytes, has_input: bool) -> None:
         """The loader execs the program now: a spare's output pipe has room for `data`."""
@@ -96,7 +95,7 @@ class Spare:
 
 
 class NotNow(Exception):
-    """No spare can be made now (the agent's proxy does not run yet): the next call's try again."""
+    """No spare can be made now (the agent's proxy does not run, or did not listen in it): the next call's try again."""
 
 
 def _running(spare: Spare) -> bool:
@@ -153,7 +152,7 @@ class Spares:
             found = None
             while self._ready and found is None:
                 spare = self._ready.pop()
-                if spare.key == key and spare.no_internet is None and _running(spare):
+                if spare.key == key and _running(spare):
                     found = spare
                 else:
                     stale.append(spare)

@@ -126,7 +126,14 @@ class Launch:
     proxy_dir: str | None = None  # with the internet: the proxy that listens inside
     block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
-    key: tuple = ()  # what the sandbox shows, by identity (`shown`): equal keys, equal sandboxes but for the folder
+    shown_args: list[str] = field(default_factory=list)  # the argv's binds and filter, for `key`
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        """What the sandbox shows, by identity (`shown`): equal keys, equal
+        sandboxes but for the folder. Read before the spawn, while the
+        launch's descriptors are open; only a caller that compares pays it."""
+        return shown(self.shown_args)
 
     def __enter__(self) -> Launch:
         return self
@@ -272,6 +279,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
     finally:
         if own_fd:
             os.close(fd)
+    chdir_at = len(part) - 2  # call_part ends with it
     launch = Launch([], fds, env={})
     try:
         fixed = _with_etc_view(sandbox, launch)
@@ -285,7 +293,8 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
                                    "start the agent again with lnk-link-run up, which writes it") from None
             launch.fds.append(filter_fd)
             part += ["--seccomp", str(filter_fd)]
-        launch.key = shown(fixed + part[:-2] if sandbox.seccomp is None else fixed + part[:-4] + part[-2:])
+        # All but the call part's closing `--chdir`: a spare enters the call's folder itself.
+        launch.shown_args = fixed + [arg for at, arg in enumerate(part) if at not in (chdir_at, chdir_at + 1)]
         if watch_init:
             launch.info_r, info_w = os.pipe2(os.O_CLOEXEC)
             launch.fds.append(info_w)
@@ -302,7 +311,7 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
 
 
 _BY_FD = {"--bind-fd", "--ro-bind-fd", "--seccomp"}
-_BY_PATH = {"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"}
+BINDS_BY_PATH = {"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"}
 
 
 def shown(args: Sequence[str]) -> tuple:
@@ -319,7 +328,7 @@ def shown(args: Sequence[str]) -> tuple:
             info = os.fstat(int(args[at + 1]))
             key.append((info.st_dev, info.st_ino) + ((info.st_size, info.st_mtime_ns) if flag == "--seccomp" else ()))
             at += 1
-        elif flag in _BY_PATH:
+        elif flag in BINDS_BY_PATH:
             try:
                 info = os.stat(args[at + 1])
                 key.append((info.st_dev, info.st_ino))

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from conftest import (PASS_THROUGH, parent_of, RawServer, clean_env, is_spare, require_sandbox, serve_argv, text_of,
                       wait_for)
-from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, kill_tagged, processes_with,
+from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, kill_tagged, processes_with, program_runs,
                         running_as_root, start_up, stop_background)
 
 from linkrun.sandboxing import cgroups, sandbox
@@ -255,7 +255,7 @@ def test_a_background_command_runs_in_its_group_and_its_record_list_and_told_mes
     running = up.start("sh", "-c", "sleep 300; :", tag)
     wait_for(lambda: record_of(up, running)["state"] == "running", timeout=30, what="the command to run")
     group = record_of(up, running)["cgroup"]
-    wait_for(lambda: len(processes_with(tag)) >= 2, timeout=30, what="its program to start")  # the sandbox and it
+    wait_for(lambda: program_runs(tag), timeout=30, what="its program to start")
     members = cgroups.Group.of_record(group).members()
     assert set(processes_with(tag)) <= set(members)
     assert serve_pid(up) not in members and record_of(up, running)["leader_pid"] in members

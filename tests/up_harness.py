@@ -188,6 +188,17 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+def program_runs(tag: str, name: str = "sh") -> bool:
+    """A process named `name` holds the tag: a sandbox's program runs, not only its bwrap and init (which hold it too)."""
+    for pid in processes_with(tag):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                return True
+        except OSError:
+            pass  # ended while we looked
+    return False
+
+
 def kill_tagged(tags: list[str]) -> None:
     """SIGKILL whatever holds a tag, until nothing does."""
     def none_left() -> bool:

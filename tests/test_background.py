@@ -276,6 +276,24 @@ def test_a_link_planted_at_the_output_is_not_followed(bg, ended_with, files):
     assert "root:" not in text_of(result)
 
 
+def test_a_link_at_one_running_commands_output_leaves_list_whole_and_names_it(bg, state, files):
+    other = start(bg, program="sleep", args=["100"])
+    linked = start(bg, program="sleep", args=["100"])
+    wait_running(state, other)
+    wait_running(state, linked)
+    output = files / "background" / f"{linked}.out"
+    output.unlink()
+    output.symlink_to("/etc/passwd")  # planted on the host while the command runs
+    result = bg.call("list", {}, meta=META)
+    assert result.get("isError") is not True, text_of(result)
+    entries = {entry["id"]: entry for entry in result["structuredContent"]["commands"]}
+    assert set(entries) == {other, linked}
+    assert "unreadable" not in entries[other]
+    assert "is a link" in entries[linked]["unreadable"]
+    assert f"{linked}" in text_of(result) and "output unreadable" in text_of(result)
+    assert "root:" not in text_of(result)
+
+
 def test_a_link_planted_at_background_refuses_start(servers, files, state, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -30,6 +30,8 @@ _ENTRY = {
         "told": {"type": "string", "enum": list(records.TO_TELL + records.SETTLED)},
         "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
                           '"tasks" (a fork was refused at its task limit), or null.'),
+        "unreadable": {"type": "string", "description": "Only when its output file could not be read now: why "
+                       "(bytes is then what its record last said)."},
     },
     "required": ["id", "program", "args", "folder", "state", "exit", "signal", "seconds", "bytes", "started", "told",
                  "limit"],
@@ -127,6 +129,8 @@ def list_text(entries: list[dict]) -> str:
         command = " ".join([e["program"], *e["args"]])
         lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
                      f"told: {e['told']}\n  {command}  (in {e['folder']})")
+        if "unreadable" in e:
+            lines.append(f"  output unreadable: {e['unreadable']}")
     return "\n".join(lines)
 
 

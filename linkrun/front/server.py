@@ -24,7 +24,7 @@ from ..processes import runner
 from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-    UNSUPPORTED_VERSION, Channel, error, result,
+    UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
 from .tools import CallContext, Tools, ToolResult
@@ -97,7 +97,12 @@ class Session:
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError as problem:
-            self.channel.send(error(None, PARSE_ERROR, f"the line is not JSON ({problem}); send one JSON-RPC message a line"))
+            try:
+                refused = _lone_surrogate_refused(lenient_loads(line, problem))
+            except orjson.JSONDecodeError:
+                refused = error(None, PARSE_ERROR, f"the line is not JSON ({problem}); send one JSON-RPC message a line")
+            if refused is not None:
+                self.channel.send(refused)
             return
         if isinstance(message, list):
             self._batch(message)
@@ -314,6 +319,24 @@ class Session:
         if outcome is None or not call.may_answer():
             return None
         return result(call.id, self._complete(_tool_result(outcome, version), modern))
+
+
+def _lone_surrogate_refused(message: object) -> dict | None:
+    """The answer to a message holding a lone surrogate (a line orjson
+    refused): never run, as no answer, record or log could write the text
+    back; refused by its own id as invalid params, naming where it sits. A
+    notification or a response of the client's is not answered; an id that
+    holds one cannot be written back, and gets id null."""
+    where = lone_surrogate(message) or "the message"
+    where = where.replace("params.arguments.", "the argument ", 1).replace("params.arguments", "the arguments", 1)
+    text = (f"{where} holds a lone surrogate (an escape such as \\ud800 without its pair), which is not text: "
+            "send the text itself, as UTF-8")
+    if isinstance(message, dict) and ("method" not in message or "id" not in message):
+        return None
+    request_id = message.get("id") if isinstance(message, dict) else None
+    if not is_id(request_id) or lone_surrogate(request_id) is not None:
+        return error(None, INVALID_REQUEST, text)
+    return error(request_id, INVALID_PARAMS, text)
 
 
 class _BadParams(Exception):

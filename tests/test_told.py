@@ -324,6 +324,23 @@ def test_records_past_their_keep_are_removed_with_their_output(servers, files, s
     assert not [p for p in state.iterdir() if p.name.startswith(command_id)]
 
 
+def test_a_record_ended_ahead_by_a_clock_since_corrected_is_removed_its_keep_after_first_seen(state, files):
+    records.ensure_state(str(state))
+    command_id = records.new_id()
+    os.close(records.create_lock(str(state), command_id))
+    two_days_ahead = time.time() + 2 * 86400  # written while the wall clock was two days ahead
+    records.write(str(state), command_id, {
+        "v": 1, "id": command_id, "files": str(files), "state": "exited", "exit": 0, "thread": "t",
+        "program": "true", "args": [], "told": "no way in", "started": two_days_ahead - 1,
+        "ended": two_days_ahead, "keep": 1})
+    first_seen = time.time()
+    sweep(state)
+    record = records.load(str(state), command_id)
+    assert record is not None and first_seen <= record["ended"] <= time.time()  # dated when first seen
+    wait_for(lambda: sweep(state) and records.load(str(state), command_id) is None, timeout=15, interval=0.3,
+             what="the record to be removed a second after it was first seen")
+
+
 def test_stop_state_leaves_them_lost_and_a_new_serve_tells_each_once(servers, files, state, keyring, ways_in):
     way_in = ways_in()
     server = servers(told_argv(files, state, keyring, way_in.address))

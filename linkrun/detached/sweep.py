@@ -108,7 +108,7 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
                 counts["told"] += 1
             elif outcome == "not reached":
                 reachable[0] = False
-        if record.get("told") in records.SETTLED and expired(record):
+        if record.get("told") in records.SETTLED and expired(state, record):
             remove_files(state, record, names)
             counts["removed"] += 1
     finally:
@@ -245,7 +245,7 @@ def last_sign_of_life(state: str, record: dict) -> float:
 def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     """A sweep's attempt, in its own ten-minute window."""
     now = records.now()
-    if record.get("sweep_first_try") is None:
+    if record.get("sweep_first_try") is None or record["sweep_first_try"] > now:  # or dated by a clock ahead
         record["sweep_first_try"] = now
     way_in = override or telling.WayIn.of(record)
     delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"))
@@ -257,11 +257,19 @@ def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     return delivery.outcome
 
 
-def expired(record: dict) -> bool:
+def expired(state: str, record: dict) -> bool:
+    """Whether a record is past its keep. An end dated in the future was
+    written while the wall clock was ahead: the sweep that first sees it
+    dates it now, in the record, and it is kept from then (the caller holds
+    the record's lock)."""
     ended = record.get("ended")
     if ended is None:
         return False
-    return min(ended, records.now()) + record.get("keep", 0) <= records.now()
+    now = records.now()
+    if ended > now:
+        record["ended"] = now
+        records.write(state, record["id"], record)
+    return record["ended"] + record.get("keep", 0) <= now
 
 
 def remove_files(state: str, record: dict, names: list[str] | None = None) -> None:

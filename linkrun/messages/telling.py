@@ -113,12 +113,12 @@ def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callabl
     delay = 1.0
     try:
         while True:
-            if record.get("first_try") is None:
+            if record.get("first_try") is None or record["first_try"] > records.now():  # or the clock went back
                 record["first_try"] = records.now()
             delivery = tell_once(state, record, way_in, log)
             if delivery.outcome != "not reached":
                 return
-            elapsed = records.now() - min(record["first_try"], records.now())
+            elapsed = records.now() - record["first_try"]
             if elapsed >= WINDOW or stopping():
                 log("the way in stayed unreachable: left untold for a sweep")
                 return

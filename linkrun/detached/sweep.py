@@ -117,8 +117,8 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
 
 def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | None) -> None:
     """A supervisor that holds its lock while it backs off from an unreachable
-    way in: a wake file makes it try again at once, at the way in this sweep
-    was given (the bridge runs a sweep as it starts, perhaps on a new address)."""
+    way in: a wake file makes it try again at once (once a Retry-After ends),
+    at the way in this sweep was given (the bridge runs a sweep as it starts, perhaps on a new address)."""
     record = records.load(state, command_id)
     if not isinstance(record, dict) or record.get("state") in records.RUNNING_STATES:
         return
@@ -126,7 +126,8 @@ def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | N
         return
     way_in = override or telling.WayIn.of(record)
     telling.write_wake(state, command_id, way_in)
-    log(f"{command_id}: its supervisor is backing off: woken to try {way_in.address} at once")
+    log(f"{command_id}: its supervisor is backing off: woken to try {way_in.address} at once "
+        "(or once a Retry-After the way in gave it ends)")
 
 
 def set_aside(state: str, command_id: str, why: str) -> None:

@@ -8,7 +8,9 @@ changes a file, as the view takes its source folder as a parameter.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import queue
 import shlex
 import shutil
 import stat
@@ -17,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, serve_argv, require_sandbox, text_of, wait_for
+from conftest import clean_env, serve_argv, require_sandbox, spare_ready, text_of, wait_for
 from up_harness import Up
 
 from linkrun import agent
-from linkrun.detached import records
+from linkrun.detached import filing, records
 from linkrun.sandboxing import etcview, sandbox
 
 
@@ -169,6 +171,53 @@ def test_a_change_of_a_host_file_reaches_the_next_call(tmp_path, servers):
     wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
     assert "two" in cat(server, "/etc/hostname")
     assert "private key" not in cat(server, "/etc/ssl/private/host.key")
+    assert server.close() == 0
+
+
+def lock_waiters(path: Path) -> int:
+    """How many flocks of `path` are waited for now (the kernel's lock table, /proc/locks)."""
+    inode = path.stat().st_ino
+    with open("/proc/locks") as f:
+        return sum(1 for line in f if " -> " in f" {line}" and line.split()[-3].endswith(f":{inode}"))
+
+
+def answer(server, request_id: str, got: dict[str, dict]) -> dict | None:
+    """The call's answer if it came (kept in `got`), else None at once."""
+    if request_id not in got:
+        with contextlib.suppress(queue.Empty):
+            got[request_id] = server.wait_response(request_id, timeout=0.01)
+    return got.get(request_id)
+
+
+def send_cat(server, request_id: str) -> None:
+    server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                 "params": {"name": "command", "arguments": {"program": "cat", "args": ["/etc/hostname"]}}})
+
+
+def test_every_call_after_a_change_was_heard_shows_it_while_another_copies_the_new_view(tmp_path, servers):
+    """A rebuild holds the view's lock while it copies (here the test holds
+    it, as long as it wants): a call that comes meanwhile waits for the new
+    view, and never gets the old one, nor a spare made from it."""
+    require_sandbox()
+    etc, state, server = serving_a_stand_in(tmp_path, servers)
+    lock = state / records.ETC_LOCK
+    got: dict[str, dict] = {}
+    with filing.hold(str(lock)):
+        (etc / "hostname").write_text("two\n")
+        for n in itertools.count():  # until a look at the change waits for the lock: the change was heard
+            send_cat(server, f"before-{n}")
+            wait_for(lambda n=n: lock_waiters(lock) or answer(server, f"before-{n}", got), what="a call's look or answer")
+            if lock_waiters(lock):
+                break
+        send_cat(server, "after")
+        wait_for(lambda: lock_waiters(lock) >= 2 or answer(server, "after", got), what="the call after to wait or answer")
+        early = answer(server, "after", got)
+    assert early is None, f"answered while the new view was being made: {text_of(early['result'])!r}"
+    outputs = [(answer(server, request_id, got) or server.wait_response(request_id, timeout=30))
+               ["result"]["structuredContent"]["output"] for request_id in (f"before-{n}", "after")]
+    assert outputs == ["two", "two"], outputs
+    spare_ready(server.process.pid)
+    assert all("two" in cat(server, "/etc/hostname") for _ in range(3))  # spares included
     assert server.close() == 0
 
 

@@ -313,6 +313,26 @@ def test_a_key_added_by_one_call_is_not_found_by_the_next(up_as: Up) -> None:
     assert "not found:" in text, text
 
 
+# Socket families
+
+# Makes a vsock socket, and a pair of Unix sockets beside it; prints how each went.
+VSOCK = r"""
+import errno, socket
+for name, family in (("vsock", 40), ("unix", socket.AF_UNIX)):
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        print(name, "made")
+    except OSError as error:
+        print(name, errno.errorcode[error.errno])
+"""
+
+
+def test_no_vsock_socket_opens_in_a_call(up_as: Up) -> None:
+    """vsock is in no network namespace: on a virtual machine it reaches the hypervisor's listeners."""
+    text = up_as.python(VSOCK)
+    assert "vsock EAFNOSUPPORT\nunix made\n" in text, text
+
+
 # /dev
 
 def test_dev_takes_no_new_file_but_its_devices_and_shm_work(up_as: Up) -> None:

@@ -60,8 +60,10 @@ def keyctl_number() -> int:
 
 
 def with_a_key(job: Callable[[int, str], None]) -> dict:
-    """Run `job(serial, description)` on a thread that joined a session keyring
-    of its own holding a new `user` key (a thread's keyrings are its own);
+    """Run `job(serial, description)` on a thread started by one that joined
+    a session keyring of its own holding a new `user` key (a thread's
+    keyrings are its own, and a thread starts with its starter's), which
+    keeps it while the job runs, as serve's other threads keep the caller's;
     returns what it saw: the session keyring's id."""
     keyctl, add_key = keyctl_number(), int(str(key_syscalls()).split(",")[0])
     libc = ctypes.CDLL(None, use_errno=True)
@@ -78,7 +80,15 @@ def with_a_key(job: Callable[[int, str], None]) -> dict:
                                   ctypes.c_char_p(secret), ctypes.c_size_t(len(secret)), L(KEY_SPEC_SESSION_KEYRING))
             assert serial >= 0, os.strerror(ctypes.get_errno())
             seen["session"] = libc.syscall(L(keyctl), L(KEYCTL_GET_KEYRING_ID), L(KEY_SPEC_SESSION_KEYRING), L(0))
-            job(serial, description)
+            spawner = threading.Thread(target=catching, args=(job, serial, description))
+            spawner.start()
+            spawner.join()
+        except BaseException as problem:
+            seen["problem"] = problem
+
+    def catching(*args) -> None:
+        try:
+            args[0](*args[1:])
         except BaseException as problem:
             seen["problem"] = problem
 

@@ -7,7 +7,8 @@ no more. Bound entry by entry, the list cost bwrap some fifty mounts, each
 remounted read-only after a read of the whole mount table: most of a
 call's time. So the allowed entries are copied into a view in the state
 folder (files copied, links kept as links, folders copied, modes kept, the
-masks left out), and each sandbox binds that one folder as its /etc.
+masks left out, and only what etcrule.py allows: what everyone on the host
+may read, no private key), and each sandbox binds that one folder as its /etc.
 
 In the state folder (names in records.py): `ETC_VIEWS/<name>` the views,
 each beside `<name>.print` (what it was copied from: the source folder, the
@@ -28,7 +29,7 @@ until its sandbox ended (`pin`). An old view is removed only under its
 exclusive flock, taken without waiting, so never under a running sandbox
 (a bind shows its folder itself: a file removed there is gone inside).
 
-stdlib only (and records, filing): serve and the supervisor import it.
+stdlib only (and records, filing, etcrule): serve and the supervisor import it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import sys
 import time
 
 from ..detached import filing
+from . import etcrule
 from ..errors import LinkRunError
 from ..kernel import last_errno, libc
 from ..detached.records import ETC_LOCK, ETC_VIEW, ETC_VIEWS, boot_id
@@ -121,7 +123,7 @@ def fingerprint(etc: str, found: Entries) -> bytes:
     """What a view copied from `found` shows: a changed, added or removed
     entry changes it (a write changes a file's ctime, a rename its inode),
     and so does a reboot (a copy not yet on disk may have been lost)."""
-    lines = [f"{etc}\0{boot_id()}"] + [
+    lines = [f"{etc}\0{boot_id()}\0{etcrule.RULE}"] + [
         f"{rel}\0link" if info is None else
         f"{rel}\0{info.st_mode:o}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ctime_ns}"
         for rel, info in found]
@@ -249,8 +251,12 @@ def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
     view = os.path.join(views, name)
     os.mkdir(view, 0o700)  # opened to its mode once whole
     folders: list[tuple[str, os.stat_result]] = [(view, os.stat(etc))]
+    left_out: tuple[str, ...] = ()  # folders the rule leaves out, with all they hold
     for rel, info in found:
         source, target = os.path.join(etc, rel), os.path.join(view, rel)
+        if rel.startswith(left_out) or not etcrule.shown(info):
+            left_out += (f"{rel}/",)
+            continue
         try:
             if info is None or stat.S_ISLNK(info.st_mode):
                 os.symlink(os.readlink(source), target)
@@ -258,7 +264,7 @@ def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
                 os.mkdir(target, 0o700)
                 folders.append((target, info))
             else:
-                _copy_file(source, target, info)
+                etcrule.copy_file(source, target, info)
         except OSError as error:
             if error.errno not in _SKIPPED:
                 raise
@@ -269,21 +275,6 @@ def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
     with open(os.open(f"{view}.print", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as f:
         f.write(b"%d\n" % made[0] + made[1])
     return os.path.join(ETC_VIEWS, name)
-
-
-def _copy_file(source: str, target: str, info: os.stat_result) -> None:
-    into = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            while os.sendfile(out, into, None, 1 << 20):
-                pass
-            os.fchmod(out, stat.S_IMODE(info.st_mode))
-            os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
-        finally:
-            os.close(out)
-    finally:
-        os.close(into)
 
 
 def _swap_in(state: str, view: str) -> None:

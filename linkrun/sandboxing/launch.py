@@ -24,6 +24,11 @@ bwrap's `--info-fd` gives the host pid of the sandbox's init (its pid 1):
 init and cleared the init's death signal, while a SIGKILL to that init from
 outside ends its pid namespace, and everything in it, always.
 
+Each launch's sandbox has a kernel session keyring of its own, empty,
+joined by the spawning thread (`spawning()`): a program reaches none of
+the caller's keys, even where no filter refuses `keyctl`, and leaves none
+for the next call.
+
 The fixed part's `/etc` is the agent's prepared view (etcview.py): the
 launch refreshes it when the host's changed, and binds the current view by
 a descriptor it holds, with a shared flock, until it is closed, so no
@@ -53,7 +58,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..config import Limits
-from ..kernel import read_small
+from ..kernel import own_session_keyring, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
@@ -198,8 +203,11 @@ class Launch:
             self.block_w = None
 
     def spawning(self) -> contextlib.AbstractContextManager:
-        """Around the spawn: in cgroup v1, the spawning thread is in the group
-        meanwhile, so the child is born in it (v2 joins through the argv)."""
+        """Around the spawn: the spawning thread joins a new, empty session
+        keyring, which the sandbox inherits in place of the caller's
+        (`own_keyring`); in cgroup v1, the thread is in the group meanwhile, so the child is
+        born in it (v2 joins through the argv)."""
+        own_keyring()
         if self.group is not None and self.group.version == 1:
             return self.group.spawning()
         return contextlib.nullcontext()
@@ -220,6 +228,19 @@ class Launch:
         if self.group is not None:  # never taken: nothing ran in it
             self.group.remove(wait=1.0)
             self.group = None
+
+
+def own_keyring() -> None:
+    """This thread joins a new, empty session keyring, which what it spawns
+    or execs next inherits (kernel.own_session_keyring); LinkRunError when
+    it cannot."""
+    try:
+        own_session_keyring()
+    except OSError as error:
+        from ..errors import LinkRunError
+
+        raise LinkRunError(f"cannot give the sandbox a kernel keyring of its own: {error.strerror}",
+                           "call again; if it keeps failing, run lnk-link-run doctor") from None
 
 
 def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: int | None = None,

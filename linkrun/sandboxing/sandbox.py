@@ -30,8 +30,8 @@ from ..config import Limits
 from ..config import parse_size, split_flags
 from ..errors import LinkRunError, UsageError
 from ..processes.group import kill_init
-from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, memory_total, nproc_limit
-from .launch import Sandbox, prepare, program_argv
+from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, hidden_keys, memory_total, nproc_limit
+from .launch import Sandbox, own_keyring, prepare, program_argv
 from ..processes.programs import which
 
 # What every sandbox has of its own: a program's folder may lie below one, never be or hold one.
@@ -332,8 +332,8 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
     # host's uid 0, and much of /proc checks only that uid and the mode bits
     # (/proc/sys/kernel/core_pattern written inside runs a program on the
     # host as real root). A bind per kernel folder cost a mount each; a
-    # process's own files (its mem, its oom_score_adj) are read-only too.
-    argv += ["--proc", "/proc", "--remount-ro", "/proc"]
+    # process's own files (its mem, its oom_score_adj) are read-only too. Its lists of keys show none.
+    argv += ["--proc", "/proc", "--remount-ro", "/proc", *hidden_keys(host)]
     # /dev is a tmpfs of bwrap's without a size: read-only once its nodes are
     # made, so nothing fills memory there (its own /dev/shm keeps a size).
     argv += ["--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
@@ -428,8 +428,8 @@ def main(argv: list[str]) -> int:
     for number in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(number, signal.SIG_DFL)
     sys.stdout.flush()
+    own_keyring()
     os.execve(launch.argv[0], launch.argv, launch.env if launch.env is not None else os.environ)
-    return 127  # not reached
 
 
 def _run_with_internet(box: Sandbox, tail: list[str], folder: agent_folder.AgentFolder,
@@ -443,7 +443,7 @@ def _run_with_internet(box: Sandbox, tail: list[str], folder: agent_folder.Agent
         route, way_in_port = None, None
     internet_.write_settings(folder.state, list(sandbox.hosts), route, way_in_port)
     internet_.Users(folder.state).ensure()
-    with prepare(box, tail) as launch:
+    with prepare(box, tail) as launch, launch.spawning():
         process = subprocess.Popen(launch.argv, pass_fds=launch.fds, cwd=folder.files, env=launch.env)
         init = launch.started()
         code = process.wait()

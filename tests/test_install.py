@@ -103,3 +103,28 @@ def test_the_installed_command_serves_a_sandboxed_call_and_its_doctor_runs(insta
     doctor = subprocess.run(["lnk-link-run", "doctor", "--agent", str(agent)], env=env, capture_output=True,
                             text=True, timeout=120)
     assert doctor.returncode == 0 and "ok   the sandbox starts" in doctor.stdout, doctor.stdout + doctor.stderr
+
+
+def test_a_message_names_the_command_as_the_users_path_finds_it_or_by_its_full_path(installed, tmp_path):
+    bin_folder = installed / "bin"
+    ours = bin_folder / "lnk-link-run"
+
+    def told(path: str) -> str:
+        code = "from linkrun import invocation; print(invocation.typed('doctor'))"
+        return subprocess.run([str(bin_folder / "python"), "-I", "-c", code], env={"PATH": path},
+                              capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+    assert told(f"{bin_folder}:{SYSTEM_PATH}") == "lnk-link-run doctor"
+    linked = tmp_path / "local-bin"  # pipx and uv tool link their venv's command from a folder on the PATH
+    linked.mkdir()
+    (linked / "lnk-link-run").symlink_to(ours)
+    assert told(f"{linked}:{SYSTEM_PATH}") == "lnk-link-run doctor"
+    # Not on the PATH (a clone's tools/setup), or another install found first: ours, by its full path.
+    assert told(SYSTEM_PATH) == f"{ours} doctor"
+    other = tmp_path / "other-bin"
+    other.mkdir()
+    (other / "lnk-link-run").write_text("#!/bin/sh\nexit 1\n")
+    (other / "lnk-link-run").chmod(0o755)
+    assert told(f"{other}:{bin_folder}:{SYSTEM_PATH}") == f"{ours} doctor"
+    version = subprocess.run([str(ours), "--version"], capture_output=True, text=True, timeout=60)
+    assert version.stdout == "lnk-link-run 0.1.0\n"

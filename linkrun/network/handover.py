@@ -85,7 +85,8 @@ class Hands:
         """Refuse, in words, a process in the host's network. Entering it
         cannot say so for an ordinary user: joining the user namespace we are
         in is EINVAL, and then its network EPERM, as for any process we may not
-        enter. listen_here checks again once in (this look may not see)."""
+        enter. This look is for the words; listen_here's check, once in, is
+        the one that holds."""
         try:
             with open(f"/proc/self/fdinfo/{pidfd}") as info:
                 pid = next(int(line.split()[1]) for line in info if line.startswith("Pid:"))

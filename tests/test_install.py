@@ -78,6 +78,7 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_package(wheel):
     assert {"linkrun/defaults.toml", "linkrun/sandboxing/launch.py", "linkrun/network/handover.py"} <= shipped
 
 
+@pytest.mark.sandbox
 def test_the_installed_command_serves_a_sandboxed_call_and_its_doctor_runs(installed, tmp_path, servers):
     require_sandbox()
     python = installed / "bin" / "python"

@@ -17,6 +17,7 @@ from . import agent as agent_folder
 from .sandboxing import hostfacts, sandbox
 from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
+from .invocation import typed
 from .sandboxing.launch import Sandbox, prepare
 from .units import describe_size
 
@@ -75,7 +76,7 @@ class Probe:
             self.process.kill()
             self.process.communicate()
             raise LinkRunError("the sandbox did not start within 30 s",
-                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
+                               f"run {typed('doctor')}; see {TROUBLESHOOTING}") from None
         error_line = next((line for line in stderr.splitlines() if line.strip()), "")
         not_visible = LinkRunError(
             f"the files folder {folder.files} is not visible inside the sandbox",
@@ -87,7 +88,7 @@ class Probe:
             if any(word in error_line for word in _NAMESPACE_WORDS):
                 raise LinkRunError(f"the kernel refused the sandbox its namespaces ({error_line})", namespaces_hint())
             raise LinkRunError(f"the sandbox did not start ({error_line or f'exit {self.process.returncode}'})",
-                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}")
+                               f"run {typed('doctor')}; see {TROUBLESHOOTING}")
         lines = stdout.splitlines()
         real = os.stat(folder.files)
         if lines[:2] != [folder.files, f"{real.st_dev}:{real.st_ino}"]:
@@ -134,7 +135,7 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
                                        cwd=folder.files, pass_fds=launch.fds, stdin=subprocess.DEVNULL, env=launch.env)
         except OSError as error:
             raise LinkRunError(f"the sandbox did not start: {error}",
-                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
+                               f"run {typed('doctor')}; see {TROUBLESHOOTING}") from None
     return Probe(process, folder, seccomp is not None)
 
 
@@ -170,7 +171,7 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     if host is None:
         return
     if not os.path.isdir(folder.files):
-        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
+        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", f"{typed('up')} creates it"
         return
     kept = yield from _sandbox_starts(folder, settings, environ, host)
     if kept is None:
@@ -316,7 +317,7 @@ def record_checks(agent_root: str) -> Iterator[Check]:
             records.load_strict(folder.state, command_id)
         except records.BadRecord as bad:
             yield "warn", f"background command {command_id}: its record is not whole ({bad})", \
-                f"run lnk-link-run sweep {folder.state} to set it aside"
+                f"run {typed('sweep')} {folder.state} to set it aside"
 
 
 def main(argv: list[str]) -> int:

@@ -29,7 +29,7 @@ from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, kill_tagged, proce
                         running_as_root, start_up, stop_background)
 
 from linkrun.sandboxing import cgroups, sandbox
-from linkrun import config
+from linkrun import config, invocation
 from linkrun.messages import told
 from linkrun.errors import LinkRunError, UsageError
 from linkrun.sandboxing.launch import JOIN, Sandbox, prepare
@@ -455,6 +455,6 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
     warnings = command_answer.limit_warnings(settings.limits, nowhere)
     assert [w.split(" limit")[0] for w in warnings] == ["the per-call memory", "the per-call tasks",
                                                          "the per-call cpu"]
-    assert all("(no delegation): run lnk-link-run doctor for the fix" in w for w in warnings)
+    assert all(f"(no delegation): run {invocation.typed('doctor')} for the fix" in w for w in warnings)
     everywhere = cgroups.Place(version=1, folders={"memory": "/m", "pids": "/p", "cpu": "/c"}, missing={})
     assert command_answer.limit_warnings(settings.limits, everywhere) == []

@@ -21,6 +21,7 @@ from .records import State, Told
 from .outfile import measure
 from ..config import split_flags, way_in_flags
 from ..errors import UsageError
+from ..invocation import typed
 
 STOP_WAIT = 10.0
 
@@ -135,7 +136,7 @@ def set_aside(state: str, command_id: str, why: str) -> None:
     where = records.set_aside(state, command_id)
     _unlink(records.path(state, command_id, records.LOCK))
     log(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, stays in "
-        f"{records.BACKGROUND}/{records.output_name(command_id)} of the files folder (lnk-link-run doctor names both)")
+        f"{records.BACKGROUND}/{records.output_name(command_id)} of the files folder ({typed('doctor')} names both)")
 
 
 def remove_orphan_locks(state: str) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..processes.capture import Capture
 from ..processes.child import signal_name
 from ..config import CONTROLLERS, Limits, Serve
+from ..invocation import typed
 from ..processes.runner import Outcome
 from ..units import describe_size, format_duration, killed_by_note
 
@@ -99,7 +100,7 @@ def limit_warnings(limits: Limits, place: Place) -> list[str]:
     """One line for each limit that this machine cannot hold, with why and what to do."""
     names = {controller: name for name, controller in CONTROLLERS.items()}
     return [f"the per-call {names[controller]} limit does not hold here ({place.missing.get(controller, 'no cgroup')}): "
-            "run lnk-link-run doctor for the fix"
+            f"run {typed('doctor')} for the fix"
             for controller in limits.controllers() if controller not in place.holds(limits)]
 
 

@@ -192,10 +192,11 @@ class Launch:
                 resource.prlimit(init_pid, which, (value, value))
         except OSError as error:
             from ..errors import LinkRunError
+            from ..invocation import typed
 
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             raise LinkRunError(f"cannot set the sandbox's limits on its init: {error.strerror}",
-                               "run lnk-link-run doctor; report this as a bug") from None
+                               f"run {typed('doctor')}; report this as a bug") from None
 
     def _let_go(self) -> None:
         if self.block_w is not None:
@@ -280,9 +281,10 @@ def _join_group(launch: Launch, limits: Limits) -> None:
     except OSError as error:
         launch.close()
         from ..errors import LinkRunError
+        from ..invocation import typed
 
         raise LinkRunError(f"cannot make the call's cgroup for its limits: {error}",
-                           "run lnk-link-run doctor, which says which limits can hold here") from None
+                           f"run {typed('doctor')}, which says which limits can hold here") from None
     if launch.group is not None and launch.group.version == 2:
         launch.argv = ["/bin/sh", "-c", JOIN, "sh", *launch.group.procs, "--", *launch.argv]
 

@@ -1,26 +1,32 @@
-"""The `.git` guard of the per-call part (DESIGN.md §6), against what review
-found past it: a thousand `.git` folders that exhaust serve's descriptors, a
-repository moved aside (or swapped by a racing program) so that its guards
-land elsewhere, a `commondir` that points git at a planted config, a bare
-repository, a `.git` file rewritten; and a gap shown as it is: a socket in a
-read-only folder can still be connected to.
+"""The git check (linkrun/sandboxing/gitcheck.py, issue 23): with any number
+of repositories in the write folders a call runs, a program may move or
+remove a repository, and the user's own git, run on the host afterwards,
+obeys nothing a program wrote: a hook, core.fsmonitor, core.hooksPath, an
+include, a repository moved aside and replaced or made afresh, a `.git`
+file, a `commondir`, a config.worktree; through `up` as root and as an
+ordinary user, and through the `sandbox` command. Also what review found
+before: a thousand `.git` folders that exhausted serve's descriptors; and a
+gap shown as it is: a socket in a read-only folder can still be connected to.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_sandbox
-from percall_helpers import call_part, close_all, refused
+from conftest import REPO, require_sandbox, text_of
+from percall_helpers import call_part, close_all
+from gitguard_helpers import PLANT, VECTORS, make_repositories, obeyed, owner_of
 from sandbox_helpers import Agent
+from up_harness import Up
 
 from linkrun import errors
-from linkrun.sandboxing import percall
+from linkrun.sandboxing import gitcheck, percall
 
 
 def git(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -40,10 +46,12 @@ def pinned(part: list[str], files: Path) -> list[str]:
 
 
 def make_repository(path: Path, *, bare: bool = False) -> Path:
-    """A repository with no hooks (an empty template): its git folder."""
+    """A repository with no hooks (an empty template, and an empty hooks/): its git folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "init", "-q", "--template=", *(["--bare"] if bare else []), str(path)], check=True)
-    return path if bare else path / ".git"
+    git_dir = path if bare else path / ".git"
+    (git_dir / "hooks").mkdir()
+    return git_dir
 
 
 @pytest.fixture
@@ -53,158 +61,193 @@ def files(tmp_path) -> Path:
     return folder
 
 
-# Many repositories.
+# What must hold at once (issue 23, D2): any count of repositories, a call
+# runs; a program removes a repository; the user's git obeys nothing planted.
 
-def test_more_than_64_repositories_refuse_the_call_naming_them_and_what_to_do(files):
+def test_each_vector_fires_when_planted_on_the_host(tmp_path):
+    # So that the tests below, where none fires, test something.
+    work = tmp_path / "work"
+    work.mkdir()
+    make_repositories(work)
+    subprocess.run(["sh", "-c", PLANT, "sh", str(work)], check=True, capture_output=True)
+    assert obeyed(work) == sorted(VECTORS)
+
+
+def test_65_repositories_in_the_write_folders_do_not_stop_a_call(up_as: Up):
+    work = up_as.agent / "Files" / "work"
+    account = owner_of(work)
+    for i in range(65):
+        (work / "r" / str(i) / ".git" / "hooks").mkdir(parents=True)
+    for folder, names, _ in os.walk(work / "r"):
+        for name in [".", *names]:
+            os.chown(os.path.join(folder, name), account.pw_uid, account.pw_gid)
+    assert "output (4 bytes):\nran\n" in up_as.python("print('ran')")
+    assert "removed" in up_as.python("import shutil\nshutil.rmtree('work/r')\nprint('removed')")
+    assert not (work / "r").exists()
+
+
+def test_a_program_removes_a_repository_it_made(up_as: Up):
+    made = up_as.command("sh", "-c", "git init -q work/mine && echo made")
+    assert not made.get("isError") and "made" in text_of(made), text_of(made)
+    removed = up_as.command("sh", "-c", "rm -rf work/mine && echo removed")
+    assert not removed.get("isError") and "removed" in text_of(removed), text_of(removed)
+    assert not (up_as.agent / "Files" / "work" / "mine").exists()
+
+
+def test_what_a_call_plants_in_a_repository_is_not_obeyed_by_the_users_git_afterwards(up_as: Up):
+    work = up_as.agent / "Files" / "work"
+    make_repositories(work)
+    planted = up_as.command("sh", "-c", PLANT, "sh", str(work))
+    assert "planted" in text_of(planted), text_of(planted)
+    assert obeyed(work) == []
+
+
+def test_what_a_background_command_plants_is_not_obeyed_once_it_ended(up_as: Up):
+    work = up_as.agent / "Files" / "work"
+    make_repositories(work)
+    command_id = up_as.start("sh", "-c", PLANT, "sh", str(work))
+    up_as.wait_ended(command_id)
+    assert "planted" in up_as.read_all(command_id)
+    assert obeyed(work) == []
+
+
+# Many repositories: the call's part costs the same whatever their number.
+
+def thousand(files: Path) -> None:
     for i in range(1100):
-        (files / "work" / "r" / str(i) / ".git").mkdir(parents=True)
-    error = refused(files, kind=percall.TooManyRepositories)
-    assert isinstance(error, errors.Refused)
-    text = str(error)
-    assert "more than 64 git repositories" in text and "work/r/" in text, text
-    assert "remove" in text
+        (files / "work" / "r" / str(i) / ".git" / "hooks").mkdir(parents=True)
+        (files / "work" / "r" / str(i) / ".git" / "config").write_text("[core]\n\tbare = false\n")
+
+
+def test_a_thousand_repositories_add_nothing_to_the_calls_binds(files):
+    thousand(files)
+    part, fds = call_part(files)
+    close_all(fds)
+    assert guarded(part, files) == [] and pinned(part, files) == ["work"] and len(fds) == 1
 
 
 def test_a_thousand_git_folders_do_not_exhaust_1024_descriptors(files):
     # Review: serve at `nofile` 1024 answered every call "Too many open files".
-    for i in range(1100):
-        (files / "work" / "r" / str(i) / ".git").mkdir(parents=True)
-    program = ("import os, sys\nsys.path[:0] = [sys.argv[2], sys.argv[3]]\nfrom linkrun.sandboxing import percall\n"
+    thousand(files)
+    program = ("import os, sys\nsys.path[:0] = [sys.argv[2], sys.argv[3]]\n"
+               "from linkrun.sandboxing import gitcheck, percall\n"
                "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
-               "try:\n    percall.call_part(fd, sys.argv[1], ['work'], '')\n"
-               "except Exception as error:\n    print(type(error).__name__, error)\n")
+               "look = gitcheck.look(fd, sys.argv[1], ['work'])\npart, fds = percall.call_part(fd, sys.argv[1], ['work'], '')\n"
+               "print(len(look.noted), look.check(fd), len(fds))\n")
     done = subprocess.run(["prlimit", "--nofile=1024:1024", "--", sys.executable, "-I", "-c", program, str(files),
                            str(REPO), str(Path(__file__).parent)], capture_output=True, text=True, timeout=60)
-    assert done.stdout.startswith("TooManyRepositories"), done.stdout + done.stderr
+    assert done.stdout == "2200 [] 1\n", done.stdout + done.stderr  # each one's config and hooks
 
 
-def test_64_repositories_are_all_guarded(files):
-    for i in range(64):
-        (files / "work" / "r" / str(i) / ".git").mkdir(parents=True)
-    part, fds = call_part(files)
-    close_all(fds)
-    assert len([g for g in guarded(part, files) if g.endswith("/hooks")]) == 64
+def test_a_hook_planted_in_the_last_of_a_thousand_repositories_is_set_aside(files):
+    thousand(files)
+    look = open_and_look(files)
+    hook = files / "work" / "r" / "1099" / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\n")
+    notes = check(look, files)
+    assert len(notes) == 1 and "work/r/1099/.git/hooks/pre-commit: set aside" in notes[0]
+    assert not hook.exists()
 
 
-def test_a_repository_below_two_write_folders_counts_once(files):
-    for i in range(64):
-        (files / "work" / "a" / str(i) / ".git").mkdir(parents=True)
-    part, fds = call_part(files, ["work", "work/a"])
-    close_all(fds)
-    assert len([g for g in guarded(part, files) if g.endswith("/hooks")]) == 64
-
-
-# Pinned in place.
-
-def test_the_path_to_each_repository_is_pinned_in_place(files):
+def test_a_repository_below_two_write_folders_is_checked_once(files):
     make_repository(files / "work" / "a" / "b")
-    make_repository(files / "work" / "c")
-    part, fds = call_part(files)
-    close_all(fds)
-    assert pinned(part, files) == ["work", "work/a", "work/a/b", "work/a/b/.git", "work/c", "work/c/.git"]
-    assert guarded(part, files) == ["work/a/b/.git/config", "work/a/b/.git/hooks",
-                                    "work/c/.git/config", "work/c/.git/hooks"]
-    # Parents are bound before what lies inside them.
-    binds = [part[i + 2] for i, arg in enumerate(part) if arg in ("--bind-fd", "--ro-bind-fd")]
-    assert binds.index(f"{files}/work/a/b/.git") < binds.index(f"{files}/work/a/b/.git/hooks")
+    look = open_and_look(files, ["work", "work/a"])
+    (files / "work" / "a" / "b" / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
+    assert len(check(look, files)) == 1
 
 
-def test_a_program_cannot_move_a_repository_aside_and_plant_one_that_runs_its_command(tmp_path):
+def open_and_look(files: Path, write: list[str] | None = None) -> gitcheck.Look:
+    fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return gitcheck.look(fd, str(files), write or ["work"])
+    finally:
+        os.close(fd)
+
+
+def check(look: gitcheck.Look, files: Path) -> list[str]:
+    return gitcheck.after(look)
+
+
+# A program may move and remove repositories; what it leaves is checked.
+
+def test_a_repository_moved_aside_and_replaced_runs_nothing_of_the_programs(tmp_path):
     require_sandbox()
     box = Agent(tmp_path)
     repo = box.files / "work" / "repo"
     make_repository(repo)
     done = box.sh("cd work/repo && mv .git .git-old && mkdir .git && cp -r .git-old/HEAD .git-old/objects "
                   ".git-old/refs .git/ && printf '[core]\\n\\tfsmonitor = touch %s/MARK\\n' \"$PWD\" > .git/config; "
-                  "cd .. && mv repo repo-old")
-    assert done.stderr.count("Device or resource busy") == 2, done.stderr
-    git("status", cwd=repo)
+                  "cd .. && mv repo repo-old && mv repo-old repo && echo moved")
+    assert done.stdout == "moved\n", done.stderr
+    assert "work/repo/.git/config: core.fsmonitor taken out" in done.stderr
+    assert git("status", cwd=repo).returncode == 0
     assert not (repo / "MARK").exists()
-    assert (repo / ".git" / "HEAD").is_file() and os.listdir(repo / ".git" / "hooks") == []
 
 
-def test_a_racing_program_cannot_swap_a_repository_for_a_decoy(tmp_path):
-    # Review: a background command swapping work/r with a decoy at depth 4
-    # (renameat2 RENAME_EXCHANGE) landed the next call's guards on the decoy.
-    require_sandbox()
-    box = Agent(tmp_path)
-    make_repository(box.files / "work" / "r")
-    (box.files / "work" / "x" / "y" / "z" / "d" / ".git" / "hooks").mkdir(parents=True)
-    done = box.run("python3", "-c", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nos.chdir('work')\n"
-                   "for a, b in (('r', 'x/y/z/d'), ('r/.git', 'x/y/z/d/.git')):\n"
-                   "    print(libc.renameat2(-100, a.encode(), -100, b.encode(), 2), os.strerror(ctypes.get_errno()))")
-    # r is a mount point (EBUSY); r/.git is another mount than the decoy's (EXDEV).
-    assert done.stdout == "-1 Device or resource busy\n-1 Invalid cross-device link\n", done.stdout + done.stderr
+def test_the_check_follows_no_link_a_racing_program_plants(tmp_path):
+    # What replaced a repository by a link to the user's own is not looked into.
+    files = tmp_path / "agent" / "Files"
+    (files / "work").mkdir(parents=True)
+    theirs = make_repository(tmp_path / "users-own")
+    (theirs / "hooks" / "pre-commit").write_text("#!/bin/sh\necho the user's own\n")
+    make_repository(files / "work" / "r")
+    look = open_and_look(files)
+    shutil.rmtree(files / "work" / "r")
+    os.symlink(tmp_path / "users-own", files / "work" / "r")
+    assert check(look, files) == []
+    assert (theirs / "hooks" / "pre-commit").exists()
 
 
 # commondir, config.worktree, `.git` files, bare repositories.
 
-def test_a_commondir_in_a_git_folder_refuses_the_call(files):
-    git_dir = make_repository(files / "work" / "repo")
-    (files / "work" / "evil").mkdir()
-    (git_dir / "commondir").write_text("../../evil\n")
-    error = refused(files)
-    assert error.path == "work/repo/.git/commondir"
-    assert "points git at another folder" in str(error) and "rm " in str(error)
-
-
-def test_a_commondir_planted_by_one_call_refuses_the_next(tmp_path):
+def test_a_commondir_planted_by_one_call_is_set_aside_and_the_next_call_runs(tmp_path):
     require_sandbox()
     box = Agent(tmp_path)
     make_repository(box.files / "work" / "repo")
     done = box.sh("echo ../../evil > work/repo/.git/commondir")
-    assert done.returncode == 0, done.stderr  # `.git` stays writable: git needs it
-    done = box.sh("echo ran")
-    assert done.returncode != 0 and "ran" not in done.stdout
-    assert "work/repo/.git/commondir in the files folder points git at another folder" in done.stderr
+    assert done.returncode == 0 and "work/repo/.git/commondir: set aside" in done.stderr, done.stderr
+    assert not (box.files / "work" / "repo" / ".git" / "commondir").exists()
+    assert box.sh("echo ran").stdout == "ran\n"
 
 
-def test_config_worktree_is_guarded_and_made_when_the_config_reads_it(files):
-    git_dir = make_repository(files / "work" / "a")
-    (git_dir / "config.worktree").write_text("[core]\n")
-    other = make_repository(files / "work" / "b")
-    git("config", "extensions.worktreeConfig", "true", cwd=other.parent)
-    part, fds = call_part(files)
-    close_all(fds)
-    assert "work/a/.git/config.worktree" in guarded(part, files)
-    assert "work/b/.git/config.worktree" in guarded(part, files)
-    assert (other / "config.worktree").read_text() == ""  # empty: git reads it as no setting
+def test_a_config_worktree_a_program_writes_keeps_nothing_that_runs(files):
+    git_dir = make_repository(files / "work" / "b")
+    git("config", "extensions.worktreeConfig", "true", cwd=git_dir.parent)
+    look = open_and_look(files)
+    (git_dir / "config.worktree").write_text("[core]\n\tsshCommand = touch MARK\n\tsparseCheckout = true\n")
+    assert check(look, files) == ["work/b/.git/config.worktree: core.sshcommand taken out (git would have run what "
+                                  "they name)"]
+    assert git("config", "--file", "config.worktree", "--list", cwd=git_dir).stdout == "core.sparsecheckout=true\n"
 
 
-def test_a_git_file_is_bound_read_only_and_its_folder_pinned(files):
+def test_a_git_file_pointing_out_of_the_write_folders_is_set_aside(files):
     (files / "work" / "wt").mkdir()
+    look = open_and_look(files)
     (files / "work" / "wt" / ".git").write_text("gitdir: /elsewhere/.git/worktrees/wt\n")
-    part, fds = call_part(files)
-    close_all(fds)
-    assert guarded(part, files) == ["work/wt/.git"]
-    assert pinned(part, files) == ["work", "work/wt"]
+    assert [note.split(":")[0] for note in check(look, files)] == ["work/wt/.git"]
+    assert not (files / "work" / "wt" / ".git").exists()
 
 
-def test_bare_repositories_are_guarded_at_depth_1_or_named_git_at_depth_2(files):
+def test_bare_repositories_are_checked_at_depth_1_or_named_git_at_depth_2(files):
     for bare in ("backup.git", "a/mirror.git", "a/b/deep.git", "c/mirror"):
         make_repository(files / "work" / bare, bare=True)
-    part, fds = call_part(files)
-    close_all(fds)
-    assert guarded(part, files) == ["work/a/mirror.git/config", "work/a/mirror.git/hooks",
-                                    "work/backup.git/config", "work/backup.git/hooks"]
+    look = open_and_look(files)
+    for bare in ("backup.git", "a/mirror.git", "a/b/deep.git", "c/mirror"):
+        (files / "work" / bare / "hooks" / "post-receive").write_text("#!/bin/sh\n")
+    assert sorted(note.split(":")[0] for note in check(look, files)) == [
+        "work/a/mirror.git/hooks/post-receive", "work/backup.git/hooks/post-receive"]
 
 
-def test_bare_repositories_git_files_and_config_worktree_are_read_only_inside(tmp_path):
+def test_a_hook_planted_in_a_bare_repository_is_not_run_by_a_push(tmp_path):
     require_sandbox()
     box = Agent(tmp_path)
     bare = make_repository(box.files / "work" / "backup.git", bare=True)
-    (box.files / "work" / "wt").mkdir()
-    (box.files / "work" / "wt" / ".git").write_text(f"gitdir: {bare}\n")
-    config = (bare / "config").read_text()
     mark = box.files / "work" / "MARK"
     done = box.sh(f"cd work; printf '[core]\\n\\thooksPath = /tmp\\n' >> backup.git/config; "
-                  f"printf '#!/bin/sh\\ntouch {mark}\\n' > backup.git/hooks/post-receive; "
-                  "chmod +x backup.git/hooks/post-receive; echo gitdir: ../evil > wt/.git; "
-                  "mv wt wt-old; mv backup.git b; echo done")
+                  f"mkdir -p backup.git/hooks; printf '#!/bin/sh\\ntouch {mark}\\n' > backup.git/hooks/post-receive; "
+                  "chmod +x backup.git/hooks/post-receive; mv backup.git b; mv b backup.git; echo done")
     assert done.stdout == "done\n", done.stderr
-    assert (bare / "config").read_text() == config and os.listdir(bare / "hooks") == []
-    assert (box.files / "work" / "wt" / ".git").read_text() == f"gitdir: {bare}\n"
-    # The user pushes to the backup: its hooks run, outside any sandbox.
+    # The user pushes to the backup: its hooks would run, outside any sandbox.
     clone = tmp_path / "clone"
     assert git("clone", "-q", str(bare), str(clone), cwd=tmp_path).returncode == 0
     git("-c", "user.name=u", "-c", "user.email=u@example.org", "commit", "-q", "--allow-empty", "-m", "x", cwd=clone)
@@ -235,6 +278,6 @@ def test_known_gap_a_socket_in_a_read_only_folder_can_be_connected_to(tmp_path):
             assert peer.recv(100) == b"hello from inside"
 
 
-@pytest.mark.parametrize("name", ["LinkOnPath", "TooManyRepositories"])
+@pytest.mark.parametrize("name", ["LinkOnPath"])
 def test_the_refusals_are_refused_errors_with_a_hint(name):
     assert issubclass(getattr(percall, name), errors.Refused)

@@ -1,8 +1,9 @@
-"""The per-call part of the sandbox (DESIGN.md §6): write folders and each
-`.git/hooks` and `.git/config` below them, bound through descriptors opened
-without following a link. First the two escapes review found: a link planted
-by one call must never make a read-only path writable, or bind a host folder
-in, at the next.
+"""The per-call part of the sandbox (DESIGN.md §6): write folders, bound
+through descriptors opened without following a link. First the two escapes
+review found: a link planted by one call must never make a read-only path
+writable, or bind a host folder in, at the next. (Repositories are no longer
+bound over: the git check, tests/test_gitguard.py, sets aside what a program
+wrote into them; the tests of their links stay here.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from conftest import require_sandbox
 from percall_helpers import call_part, close_all, open_files, refused
 from sandbox_helpers import Agent
 
-from linkrun.sandboxing import percall
+from linkrun.sandboxing import gitcheck, percall
 
 
 @pytest.fixture
@@ -39,14 +40,25 @@ def test_a_link_planted_on_a_write_folder_cannot_make_home_writable_at_the_next_
     assert "remove it" in str(error)
 
 
-def test_a_link_planted_as_git_hooks_cannot_bind_a_host_folder_in_at_the_next_call(files):
+def look_at(files: Path) -> gitcheck.Look:
+    fd = open_files(files)
+    try:
+        return gitcheck.look(fd, str(files), ["work"])
+    finally:
+        os.close(fd)
+
+
+def test_a_link_planted_as_git_hooks_binds_nothing_and_is_set_aside(files):
     git = files / "work" / "repo" / ".git"
     git.mkdir(parents=True)
     (git / "config").write_text("[core]\n")
+    look = look_at(files)
     os.symlink("../../../..", git / "hooks")
-    error = refused(files)
-    assert error.path == "work/repo/.git/hooks"
-    assert "is a link (to '../../../..')" in str(error)
+    part, fds = call_part(files)
+    close_all(fds)
+    assert part[:3] == ["--bind-fd", str(fds[0]), f"{files}/work"] and len(fds) == 1
+    assert gitcheck.after(look)[0].startswith("work/repo/.git/hooks: set aside as hooks.lnk-set-aside-")
+    assert not os.path.lexists(git / "hooks")
 
 
 def test_both_escapes_are_refused_by_the_real_sandbox_and_nothing_runs(tmp_path):
@@ -62,20 +74,20 @@ def test_both_escapes_are_refused_by_the_real_sandbox_and_nothing_runs(tmp_path)
     git = box.files / "work" / "repo" / ".git"
     git.mkdir(parents=True)
     os.symlink("../../../..", git / "hooks")
-    done = box.sh("ls work/repo/.git/hooks/State")
-    assert done.returncode != 0 and "work/repo/.git/hooks in the files folder is a link" in done.stderr
+    done = box.sh("ls work/repo/.git/hooks/State")  # no bind follows it: inside, it names what the sandbox shows
+    assert done.returncode != 0 and "No such file" in done.stderr
     assert "record.json" not in done.stdout
 
 
-def test_a_link_as_git_or_as_git_config_is_refused(files):
+def test_a_link_planted_as_git_or_as_git_config_is_set_aside(files):
     (files / "work" / "a").mkdir()
-    os.symlink("../../../Home", files / "work" / "a" / ".git")
-    assert refused(files).path == "work/a/.git"
-    os.unlink(files / "work" / "a" / ".git")
     git = files / "work" / "a" / "b" / ".git"
     git.mkdir(parents=True)
+    look = look_at(files)
+    os.symlink("../../../Home", files / "work" / "a" / ".git")
     os.symlink("../../../../../State/x", git / "config")
-    assert refused(files).path == "work/a/b/.git/config"
+    assert sorted(note.split(":")[0] for note in gitcheck.after(look)) == ["work/a/.git", "work/a/b/.git/config"]
+    assert not os.path.lexists(files / "work" / "a" / ".git") and not os.path.lexists(git / "config")
 
 
 def test_a_link_deeper_in_a_write_folder_is_no_reason_to_refuse(files):
@@ -106,21 +118,14 @@ def test_write_folders_are_bound_by_descriptor_parents_first_and_made_when_missi
         close_all(fds)
 
 
-def test_git_hooks_and_config_are_guarded_down_to_depth_3(files):
+def test_git_hooks_and_config_are_checked_down_to_depth_3(files):
     for repo in ("", "a/", "a/b/", "a/b/c/"):
         git = files / "work" / f"{repo}.git"
-        git.mkdir(parents=True)
+        (git / "hooks").mkdir(parents=True)
         (git / "config").write_text("[core]\n")
-    (files / "work" / ".git" / "hooks").mkdir()
-    part, fds = call_part(files)
-    close_all(fds)
-    guarded = [part[i + 2] for i, arg in enumerate(part) if arg == "--ro-bind-fd"]
-    assert sorted(guarded) == sorted(f"{files}/work/{repo}.git/{name}" for repo in ("", "a/", "a/b/")
-                                     for name in ("hooks", "config"))
-    # A repository without hooks/ gets an empty one, bound read-only, so a
-    # program cannot add hooks to it.
-    assert (files / "work" / "a" / ".git" / "hooks").is_dir()
-    assert not (files / "work" / "a" / "b" / "c" / ".git" / "hooks").exists()
+    look = look_at(files)
+    assert sorted(look.noted) == sorted(f"work/{repo}.git/{name}" for repo in ("", "a/", "a/b/")
+                                        for name in ("hooks", "config"))
 
 
 def test_without_write_folders_only_the_folder_is_entered(files):
@@ -129,17 +134,18 @@ def test_without_write_folders_only_the_folder_is_entered(files):
     assert part == ["--chdir", str(files)]
 
 
-def test_git_hooks_and_config_are_read_only_inside_a_write_folder(tmp_path):
+def test_a_hook_and_config_written_inside_a_write_folder_are_set_aside_at_the_end(tmp_path):
     require_sandbox()
     box = Agent(tmp_path)
     git = box.files / "work" / "repo" / ".git"
     (git / "hooks").mkdir(parents=True)
     (git / "config").write_text("[core]\n")
-    done = box.sh("cd work/repo && (echo evil > .git/hooks/pre-commit) 2>/dev/null && echo HOOKED; "
-                  "(echo evil >> .git/config) 2>/dev/null && echo CONFIGURED; "
-                  "rm -rf .git/hooks 2>/dev/null; echo fine > .git/HEAD && echo head-writable")
-    assert done.stdout == "head-writable\n", done.stdout + done.stderr
-    assert os.listdir(git / "hooks") == [] and (git / "config").read_text() == "[core]\n"
+    done = box.sh("cd work/repo && (echo evil > .git/hooks/pre-commit) && echo HOOKED; "
+                  "(printf '\\tpager = evil\\n' >> .git/config) && echo CONFIGURED; echo fine > .git/HEAD && echo head")
+    assert done.stdout == "HOOKED\nCONFIGURED\nhead\n", done.stdout + done.stderr
+    assert "work/repo/.git/config: core.pager taken out" in done.stderr
+    assert os.listdir(git / "hooks")[0].startswith("pre-commit.lnk-set-aside-")
+    assert "pager" not in (git / "config").read_text()
 
 
 def test_call_part_adds_well_under_a_millisecond(files):

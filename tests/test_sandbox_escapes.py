@@ -437,12 +437,13 @@ print(json.dumps({
 """
 
 
-def test_a_repository_made_by_one_call_is_guarded_at_the_next(up_as: Up) -> None:
+def test_a_repository_made_by_one_call_is_the_programs_to_change_and_obeys_nothing_of_it(up_as: Up) -> None:
     made = up_as.python("import os\nos.makedirs('work/repo/.git/hooks')\n"
                         "open('work/repo/.git/config', 'w').write('[core]\\n')\nprint('made')")
     assert "made" in made
     outcome = printed_json(up_as.python(TAMPER_WITH_A_REPOSITORY))
-    assert outcome == {"a file beside": "done", "config": "EROFS", "git folder aside": "EBUSY", "hook": "EROFS",
-                       "repository aside": "EBUSY"}, outcome
-    repository = up_as.agent / "Files" / "work" / "repo" / ".git"
-    assert os.listdir(repository / "hooks") == [] and (repository / "config").read_text() == "[core]\n"
+    assert outcome == {"a file beside": "ENOENT", "config": "done", "git folder aside": "ENOENT", "hook": "done",
+                       "repository aside": "done"}, outcome
+    repository = up_as.agent / "Files" / "work" / "aside" / ".git"
+    assert os.listdir(repository / "hooks")[0].startswith("pre-commit.lnk-set-aside-")
+    assert "fsmonitor" not in (repository / "config").read_text()

@@ -292,7 +292,9 @@ class Supervisor:
         watch.run(self.look_for_a_stop)
         self.gate.wait()
         self.end_cgroup()
-        self.launch.close()
+        self.launch.close()  # with the git check: every process of the sandbox has ended
+        for note in self.launch.git_notes:
+            self.log(f"git check: {note}")
         os.close(self.out_r)
         self.output.finish()
         ending = watch.ending

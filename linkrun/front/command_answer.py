@@ -33,6 +33,14 @@ def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: b
     return "\n".join(lines)
 
 
+def git_note(notes: list[str]) -> str:
+    """What the git check set aside after the call (gitcheck.py), for the agent to know; "" when nothing."""
+    if not notes:
+        return ""
+    return ("\n[the user's git would have run what this call wrote into a repository; set aside: "
+            + "; ".join(notes) + "]")
+
+
 def command_structured(outcome: Outcome) -> dict[str, object]:
     """The answer's structured value, as the command tool's outputSchema says."""
     return {

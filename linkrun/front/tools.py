@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..processes import runner
 from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
-from .command_answer import command_structured, command_text, limit_warnings, limits_sentence
+from .command_answer import command_structured, command_text, git_note, limit_warnings, limits_sentence
 from ..config import Serve
 from ..errors import LinkRunError, Refused
 from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
@@ -369,7 +369,7 @@ class Tools:
         if self.proxy is not None and not self.proxy.running():
             raise NotNow  # a call starts the proxy and waits for it; a spare never does
         self._watch_etc()
-        launch = prepare(self.sandbox, LOADER_TAIL, "", self._files_descriptor())
+        launch = prepare(self.sandbox, LOADER_TAIL, "", self._files_descriptor(), git_check=False)  # its call's looks
         return launch, self._key(launch)
 
     def _start_spare(self, launch: Launch, key: object) -> Spare:
@@ -429,7 +429,7 @@ class Tools:
                 self.spares.done(counted)
         if outcome.cancelled:
             return None
-        text = command_text(outcome, request.timeout, self.settings, "start" in self.table)
+        text = command_text(outcome, request.timeout, self.settings, "start" in self.table) + git_note(launch.git_notes)
         if no_internet:
             text += f"\n[this call had no internet: {no_internet}]"
         elif self.proxy is not None and self.settings.state:

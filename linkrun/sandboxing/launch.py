@@ -64,6 +64,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
     from .cgroups import Group
     from .etcview import EtcWatch
+    from .gitcheck import Look
 
 INFO_LIMIT = 4096  # bwrap's info is one small JSON object
 
@@ -132,6 +133,8 @@ class Launch:
     block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
     shown_args: list[str] = field(default_factory=list)  # the argv's binds and filter, for `key`
+    git: Look | None = None  # the repositories as they were before the program (gitcheck.py), checked at close()
+    git_notes: list[str] = field(default_factory=list)  # what that check set aside
 
     @functools.cached_property
     def key(self) -> tuple:
@@ -219,6 +222,12 @@ class Launch:
         return group
 
     def close(self) -> None:
+        """After the sandbox ended (or never ran): the git check, then whatever is still open."""
+        if self.git is not None:
+            from .gitcheck import after
+
+            look, self.git = self.git, None
+            self.git_notes = after(look)
         self.handed_over()
         self._let_go()
         while self.held:
@@ -245,7 +254,7 @@ def own_keyring() -> None:
 
 
 def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: int | None = None,
-            watch_init: bool = True, grouped: bool = True) -> Launch:
+            watch_init: bool = True, grouped: bool = True, git_check: bool = True) -> Launch:
     """The launch of one call running `tail` in `folder` (relative to the files folder).
 
     `files_fd` is an open descriptor of the files folder, when the caller keeps
@@ -255,8 +264,12 @@ def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: i
     sandbox binds (nothing is left open then). With limits and `watch_init`, the
     launch joins a new cgroup (LinkRunError when one cannot be made), unless
     `grouped=False`: then the caller calls `join_group` if it spawns it.
+    With `git_check`, the repositories of the write folders are looked at
+    now, and checked at `close()` (gitcheck.py): the caller closes the launch
+    only once every process of its sandbox ended. A spare's launch, whose
+    program comes later, takes none: the launch of its call does.
     """
-    launch = _sandboxed(sandbox, tail, folder, files_fd, watch_init)
+    launch = _sandboxed(sandbox, tail, folder, files_fd, watch_init, git_check)
     if grouped:
         join_group(launch, sandbox, watch_init)
     return launch
@@ -290,20 +303,21 @@ def _join_group(launch: Launch, limits: Limits) -> None:
 
 
 def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int | None,
-               watch_init: bool) -> Launch:
+               watch_init: bool, git_check: bool) -> Launch:
     if not sandbox.real:
         return Launch(list(sandbox.fixed) + ["--", *tail])
-    from . import percall  # only a real sandbox pays for it
+    from . import gitcheck, percall  # only a real sandbox pays for them
 
     own_fd = files_fd is None
     fd = os.open(sandbox.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if files_fd is None else files_fd
     try:
+        look = gitcheck.look(fd, sandbox.files, sandbox.write) if git_check else None
         part, fds = percall.call_part(fd, sandbox.files, sandbox.write, folder)
     finally:
         if own_fd:
             os.close(fd)
     chdir_at = len(part) - 2  # call_part ends with it
-    launch = Launch([], fds, env={})
+    launch = Launch([], fds, env={}, git=look)
     try:
         fixed = _with_etc_view(sandbox, launch)
         if sandbox.seccomp is not None:

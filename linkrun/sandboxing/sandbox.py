@@ -16,7 +16,6 @@ import os
 import re
 import resource
 import shlex
-import signal
 import subprocess
 import sys
 import tomllib
@@ -31,7 +30,7 @@ from ..config import parse_size, split_flags
 from ..errors import LinkRunError, UsageError
 from ..processes.group import kill_init
 from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, hidden_keys, memory_total, nproc_limit
-from .launch import Sandbox, own_keyring, prepare, program_argv
+from .launch import Sandbox, prepare, program_argv
 from ..processes.programs import which
 
 # What every sandbox has of its own: a program's folder may lie below one, never be or hold one.
@@ -414,40 +413,36 @@ def main(argv: list[str]) -> int:
     box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))
     tail = program_argv(program[0], program[1:])
     if "--print" in flags:
-        with prepare(box, tail, watch_init=False) as launch:
+        with prepare(box, tail, watch_init=False, git_check=False) as launch:
             print(shlex.join(launch.argv))
         return 0
     if sandbox.hosts:
-        return _run_with_internet(box, tail, folder, sandbox)
-    launch = prepare(box, tail, watch_init=False)
-    for fd in launch.fds:
-        os.set_inheritable(fd, True)  # bwrap binds them, then closes them
-    os.chdir(folder.files)
-    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored
-    # across exec: give the program the defaults, as subprocess does.
-    for number in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(number, signal.SIG_DFL)
-    sys.stdout.flush()
-    own_keyring()
-    os.execve(launch.argv[0], launch.argv, launch.env if launch.env is not None else os.environ)
+        _internet_for(folder, sandbox)
+    # Run and waited for, not exec'd: the git check (gitcheck.py) runs once the
+    # sandbox ended. With the internet the agent's proxy is kept meanwhile.
+    with prepare(box, tail, watch_init=bool(sandbox.hosts)) as launch, launch.spawning():
+        process = subprocess.Popen(launch.argv, pass_fds=launch.fds, cwd=folder.files, env=launch.env)
+        init = launch.started()
+        while True:
+            try:
+                code = process.wait()
+                break
+            except KeyboardInterrupt:  # ^C reached the sandbox too (the terminal's group): wait for its end
+                continue
+        kill_init(init)
+        if init is not None:
+            os.close(init)
+    for note in launch.git_notes:
+        print(f"lnk-link-run: git check: {note}", file=sys.stderr)
+    return code if code >= 0 else 128 - code
 
 
-def _run_with_internet(box: Sandbox, tail: list[str], folder: agent_folder.AgentFolder,
-                       sandbox: SandboxFile) -> int:
+def _internet_for(folder: agent_folder.AgentFolder, sandbox: SandboxFile) -> None:
     """As a call runs with [internet] hosts: the agent's proxy, given this
-    file's hosts (the route and the way in `up` set are kept), is kept while
-    the program runs (we stay its user, so we wait rather than exec)."""
+    file's hosts (the route and the way in `up` set are kept)."""
     try:
         _, route, way_in_port = internet_.read_settings(folder.state)
     except LinkRunError:
         route, way_in_port = None, None
     internet_.write_settings(folder.state, list(sandbox.hosts), route, way_in_port)
     internet_.Users(folder.state).ensure()
-    with prepare(box, tail) as launch, launch.spawning():
-        process = subprocess.Popen(launch.argv, pass_fds=launch.fds, cwd=folder.files, env=launch.env)
-        init = launch.started()
-        code = process.wait()
-        kill_init(init)
-        if init is not None:
-            os.close(init)
-    return code if code >= 0 else 128 - code

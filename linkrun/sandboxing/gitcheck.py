@@ -1,0 +1,422 @@
+"""The git check (DESIGN.md §6; docs/decisions.md "The git check"): what a
+program wrote into a repository that the user's own git would obey is set
+aside when its call or background command ends, before the call is
+answered or the command's end is recorded.
+
+1. Before the program runs, `look` finds the repositories within three
+   levels of the write folders (as the old guard did, but with no cap) and
+   notes what git obeys in each by identity: its `config` and
+   `config.worktree` (with their text), `commondir`, `hooks` and each hook
+   not named `*.sample`, a `.git` file or link, and the same in the git
+   folders of its linked worktrees and submodules, and in the git folder a
+   `.git` file names when that lies in a write folder.
+2. The program runs, with the write folders writable, nothing bound over
+   them: it may change or remove any repository.
+3. After every process of it ended, `Look.check` looks again. What is new
+   or changed (by identity, or, for what changed within `RACY` of the first
+   look, by content) is checked: a new or changed hook, `commondir`, `.git`
+   link, a `hooks` that is no folder, a `.git` file that names a folder out
+   of the write folders is renamed aside (`<name>.lnk-set-aside-<hex>`,
+   where git never looks); a config's entries that the program added and
+   that could run a program (gitconfig.py) are taken out, the rest kept.
+
+Every folder is opened one component at a time without following a link,
+so a program racing the check (a background command still running) cannot
+make it rename or edit anything outside the files folder.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from . import gitconfig
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+RACY = 100_000_000  # ns: a file changed this close before the look is compared by content (coarse clocks)
+READ_LIMIT = 1 << 20  # a config or racy hook longer than this is checked as changed
+MODULE_DEPTH = 4  # submodules within submodules, followed this deep
+
+# kind of each noted path: what to do with it when it is new or changed
+CONFIG, HOOK, HOOKS, POINTER, ASIDE, COMMONDIR = "config", "hook", "hooks", "pointer", "aside", "commondir"
+
+
+@dataclass
+class Noted:
+    kind: str
+    ident: tuple
+    text: bytes | None = None  # a config's, or a racy file's
+
+
+@dataclass
+class Look:
+    """What git obeys in the repositories of the write folders, at one time."""
+
+    files_path: str
+    write: tuple[str, ...]
+    taken: int = field(default_factory=time.time_ns)
+    noted: dict[str, Noted] = field(default_factory=dict)  # path relative to the files folder -> what it was
+    texts: bool = True  # configs' texts (and racy files') noted
+
+    def check(self, files_fd: int) -> list[str]:
+        """Step 3: look again, and set aside what changed; what was done, one line each."""
+        now = look(files_fd, self.files_path, self.write, texts=False)
+        done: list[str] = []
+        for path, after in now.noted.items():
+            before = self.noted.get(path)
+            if before is not None and before.ident == after.ident and before.ident[-1] < self.taken - RACY:
+                continue
+            try:
+                if before is not None and before.text is not None and before.ident[0] == after.ident[0] \
+                        and _read_at(files_fd, path) == before.text:
+                    continue
+                done += _neutralise(files_fd, self, path, after, before)
+            except OSError as error:  # gone meanwhile, or not ours to change: git cannot obey it either way
+                if not isinstance(error, FileNotFoundError):
+                    done.append(f"{path}: could not be checked ({error.strerror})")
+        return done
+
+
+def after(first: Look) -> list[str]:
+    """Step 3 on the files folder opened afresh: what it did, or why it could not, one line each."""
+    try:
+        files_fd = os.open(first.files_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return first.check(files_fd)
+        finally:
+            os.close(files_fd)
+    except Exception as error:  # noqa: BLE001 (said, never raised: the run is over and must be answered)
+        return [f"the git check could not run ({type(error).__name__}: {error}): look at the repositories "
+                f"in {first.files_path} before you run git there"]
+
+
+def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = True) -> Look:
+    """Step 1 (and step 3's second look, `texts=False`: a text is read only when needed)."""
+    result = Look(files_path, tuple(write))
+    result.texts = texts
+    seen_git: set[str] = set()
+    for rel in sorted(set(write)):
+        try:
+            write_fd = _open_path(files_fd, rel)
+        except OSError:
+            continue  # missing, or not a folder: percall refuses or makes it
+        try:
+            for path, kind in _repositories(write_fd, rel):
+                _note_repository(files_fd, path, kind, result, seen_git, write)
+        finally:
+            os.close(write_fd)
+    return result
+
+
+# Finding repositories: scandir and lstat, never following a link, to depth 3.
+
+def _repositories(write_fd: int, rel: str) -> Iterator[tuple[str, str]]:
+    """(path, kind) for each `.git` ("git", "pointer" for a file, "link")
+    at `W/.git`, `W/a/.git`, `W/a/b/.git`, and each bare repository ("bare")
+    the listings show (W, W/a) or named `*.git` at W/a/b."""
+    first = yield from _listed(write_fd, rel)
+    for a in first:
+        try:
+            a_fd = os.open(a, _DIR, dir_fd=write_fd)
+        except OSError:
+            continue
+        try:
+            second = yield from _listed(a_fd, f"{rel}/{a}")
+            for b in second:
+                found = _kind_of(a_fd, f"{b}/.git")
+                if found:
+                    yield f"{rel}/{a}/{b}/.git", found
+                elif b.endswith(".git") and _is_bare(a_fd, b):
+                    yield f"{rel}/{a}/{b}", "bare"
+        finally:
+            os.close(a_fd)
+
+
+def _listed(dir_fd: int, path: str) -> Generator[tuple[str, str], None, list[str]]:
+    folders: list[str] = []
+    head = git = False
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            if entry.name == ".git":
+                kind = _kind_of(dir_fd, ".git")
+                if kind:
+                    git = True
+                    yield f"{path}/.git", kind
+            elif entry.is_dir(follow_symlinks=False):
+                folders.append(entry.name)
+            elif entry.name == "HEAD":
+                head = True
+    if head and not git and "objects" in folders and "refs" in folders:
+        yield path, "bare"
+        return []  # a bare repository holds no other
+    return folders
+
+
+def _kind_of(dir_fd: int, name: str) -> str | None:
+    mode = _lstat(dir_fd, name)
+    if mode is None:
+        return None
+    return "git" if stat.S_ISDIR(mode.st_mode) else "pointer" if stat.S_ISREG(mode.st_mode) else "link" \
+        if stat.S_ISLNK(mode.st_mode) else None
+
+
+def _is_bare(parent_fd: int, name: str) -> bool:
+    head = _lstat(parent_fd, f"{name}/HEAD")
+    return head is not None and not stat.S_ISDIR(head.st_mode) and all(
+        (s := _lstat(parent_fd, f"{name}/{sub}")) is not None and stat.S_ISDIR(s.st_mode) for sub in ("objects", "refs"))
+
+
+def _lstat(dir_fd: int, path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+# Noting what git obeys in each.
+
+def _note_repository(files_fd: int, path: str, kind: str, result: Look, seen_git: set[str],
+                     write: Sequence[str]) -> None:
+    if kind == "link":
+        _note_file(files_fd, path, ASIDE, result)
+    elif kind == "pointer":
+        _note_file(files_fd, path, POINTER, result)
+        target = _pointed(files_fd, result.files_path, path, write)
+        if target is not None:
+            _note_git_folder(files_fd, target, result, seen_git, MODULE_DEPTH)
+    else:
+        _note_git_folder(files_fd, path, result, seen_git, MODULE_DEPTH)
+
+
+def _note_git_folder(files_fd: int, path: str, result: Look, seen_git: set[str], depth: int) -> None:
+    if path in seen_git:
+        return
+    seen_git.add(path)
+    try:
+        git_fd = _open_path(files_fd, path)
+    except OSError:
+        return
+    try:
+        for name, kind in (("config", CONFIG), ("config.worktree", CONFIG), ("commondir", COMMONDIR)):
+            _note_at(git_fd, name, f"{path}/{name}", kind, result)
+        hooks = _note_at(git_fd, "hooks", f"{path}/hooks", HOOKS, result)
+        if hooks is not None and stat.S_ISDIR(hooks.st_mode):
+            _note_hooks(git_fd, f"{path}/hooks", result)
+        for linked in _subfolders(git_fd, "worktrees"):
+            for name, kind in (("config.worktree", CONFIG), ("commondir", COMMONDIR)):
+                _note_at(git_fd, f"worktrees/{linked}/{name}", f"{path}/worktrees/{linked}/{name}", kind, result)
+        if depth > 0:
+            for module in _git_folders_below(git_fd, "modules", MODULE_DEPTH):
+                _note_git_folder(files_fd, f"{path}/{module}", result, seen_git, depth - 1)
+    finally:
+        os.close(git_fd)
+
+
+def _note_hooks(git_fd: int, path: str, result: Look) -> None:
+    try:
+        hooks_fd = os.open("hooks", _DIR, dir_fd=git_fd)
+    except OSError:
+        return
+    try:
+        with os.scandir(hooks_fd) as entries:
+            for entry in entries:
+                if not entry.name.endswith(".sample"):  # git runs hooks by their exact names
+                    _note_at(hooks_fd, entry.name, f"{path}/{entry.name}", HOOK, result)
+    finally:
+        os.close(hooks_fd)
+
+
+def _note_at(dir_fd: int, name: str, path: str, kind: str, result: Look) -> os.stat_result | None:
+    info = _lstat(dir_fd, name)
+    if info is None:
+        return None
+    ident = (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    text = None
+    if result.texts and stat.S_ISREG(info.st_mode) and (kind == CONFIG or info.st_ctime_ns >= result.taken - RACY):
+        text = _read(dir_fd, name)
+    result.noted[path] = Noted(kind, ident, text)
+    return info
+
+
+def _note_file(files_fd: int, path: str, kind: str, result: Look) -> None:
+    parent, _, name = path.rpartition("/")
+    try:
+        parent_fd = _open_path(files_fd, parent)
+    except OSError:
+        return
+    try:
+        _note_at(parent_fd, name, path, kind, result)
+    finally:
+        os.close(parent_fd)
+
+
+def _subfolders(dir_fd: int, name: str) -> list[str]:
+    try:
+        sub_fd = os.open(name, _DIR, dir_fd=dir_fd)
+    except OSError:
+        return []
+    try:
+        with os.scandir(sub_fd) as entries:
+            return [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+    finally:
+        os.close(sub_fd)
+
+
+def _git_folders_below(dir_fd: int, name: str, depth: int) -> list[str]:
+    """Folders below `name` holding a HEAD (a submodule's git folder, whose
+    name may hold slashes), to `depth` levels; not below one found."""
+    found: list[str] = []
+    for sub in _subfolders(dir_fd, name):
+        path = f"{name}/{sub}"
+        if _lstat(dir_fd, f"{path}/HEAD") is not None:
+            found.append(path)
+        elif depth > 1:
+            found += _git_folders_below(dir_fd, path, depth - 1)
+    return found
+
+
+def _pointed(files_fd: int, files_path: str, path: str, write: Sequence[str]) -> str | None:
+    """Where a `.git` file points, relative to the files folder, when that is
+    a folder in a write folder reached through no link (as git would reach
+    it); None when it points elsewhere, or says nothing git reads."""
+    text = _read_at(files_fd, path) or b""
+    line = text.decode(errors="replace").split("\n", 1)[0]
+    if not line.startswith("gitdir:"):
+        return None
+    target = line[len("gitdir:"):].strip()
+    if target.startswith("/"):
+        if not target.startswith(files_path.rstrip("/") + "/"):
+            return None
+        names = target[len(files_path.rstrip("/")) + 1:].split("/")
+    else:
+        names = path.split("/")[:-1] + target.split("/")
+    # Walked as git's open would, but refusing a link: then `..` is the parent named.
+    kept: list[str] = []
+    for name in names:
+        if name in ("", "."):
+            continue
+        if name == "..":
+            if not kept:
+                return None
+            kept.pop()
+        else:
+            kept.append(name)
+            if _kind_of_path(files_fd, "/".join(kept)) is None:
+                return None
+    rel = "/".join(kept)
+    return rel if any(rel.startswith(w + "/") for w in write) else None
+
+
+def _kind_of_path(files_fd: int, rel: str) -> str | None:
+    """"dir" when `rel` is a folder reached through no link."""
+    try:
+        os.close(_open_path(files_fd, rel))
+        return "dir"
+    except OSError:
+        return None
+
+
+def _read_at(files_fd: int, path: str) -> bytes | None:
+    parent, _, name = path.rpartition("/")
+    try:
+        parent_fd = _open_path(files_fd, parent)
+    except OSError:
+        return None
+    try:
+        return _read(parent_fd, name)
+    finally:
+        os.close(parent_fd)
+
+
+def _read(dir_fd: int, name: str) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while size <= READ_LIMIT:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open_path(files_fd: int, rel: str) -> int:
+    """A folder below the files folder, opened one component at a time, following no link."""
+    fd = files_fd
+    try:
+        for name in rel.split("/"):
+            next_fd = os.open(name, _DIR, dir_fd=fd)
+            if fd != files_fd:
+                os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        if fd != files_fd:
+            os.close(fd)
+        raise
+
+
+# Step 3: setting aside.
+
+def _neutralise(files_fd: int, first: Look, path: str, after: Noted, before: Noted | None) -> list[str]:
+    parent, _, name = path.rpartition("/")
+    parent_fd = _open_path(files_fd, parent)
+    try:
+        kind, mode = after.kind, after.ident[0]
+        if kind == CONFIG:
+            return _check_config(parent_fd, name, path, before)
+        if kind == HOOKS and stat.S_ISDIR(mode):
+            return []
+        if kind == POINTER and stat.S_ISREG(mode) and _pointed(files_fd, first.files_path, path,
+                                                               first.write) is not None:
+            return []
+        if kind == COMMONDIR and "/worktrees/" in path and _points_home(parent_fd, name):
+            return []
+        return [_set_aside(parent_fd, name, path)]
+    finally:
+        os.close(parent_fd)
+
+
+def _points_home(worktree_fd: int, name: str) -> bool:
+    """A linked worktree's commondir names the git folder it lies in (`../..`)."""
+    text = _read(worktree_fd, name)
+    return text is not None and text.strip() in (b"../..", b"../../")
+
+
+def _set_aside(parent_fd: int, name: str, path: str) -> str:
+    aside = f"{name}.lnk-set-aside-{secrets.token_hex(4)}"
+    os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    return f"{path}: set aside as {aside} (git would have obeyed it)"
+
+
+def _check_config(dir_fd: int, name: str, path: str, before: Noted | None) -> list[str]:
+    info = _lstat(dir_fd, name)
+    if info is None:
+        return []
+    if not stat.S_ISREG(info.st_mode):
+        return [_set_aside(dir_fd, name, path)]
+    text = _read(dir_fd, name)
+    try:
+        if text is None:
+            raise gitconfig.Unreadable("too long")
+        kept = set(gitconfig.entries(before.text)) if before is not None and before.text else set()
+        bad = [entry for entry in gitconfig.entries(text) if not gitconfig.allowed(entry) and entry not in kept]
+        if not bad:
+            return []
+        gitconfig.remove(dir_fd, name, bad)
+    except gitconfig.Unreadable as problem:
+        return [_set_aside(dir_fd, name, path) + f": {problem}"]
+    return [f"{path}: {', '.join(sorted({key for key, _ in bad}))} taken out (git would have run what they name)"]

@@ -183,7 +183,20 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     else:
         yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
             "see docs/security.md"
-    yield from limit_checks(sandbox.call_limits(settings, host), works, why)
+    yield from limit_checks(sandbox.call_limits(settings, host), works, why, _longest_call(folder))
+
+
+def _longest_call(folder: agent_folder.AgentFolder) -> int:
+    """The most seconds a call runs (the spec's timeout, else the default): the span of a cpu limit's rlimit."""
+    from .config import parse_duration
+    from .up import read_toml, run_settings
+
+    source = folder.spec_file
+    try:
+        spec = read_toml(source, "spec") if os.path.exists(source) else {}
+        return parse_duration("timeout", run_settings(spec, source)["--timeout"])
+    except LinkRunError:
+        return parse_duration("timeout", str(sandbox.defaults()["run"]["timeout"]))
 
 
 def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFile | None]:
@@ -258,30 +271,41 @@ def _fork_brake_check(host: hostfacts.Host) -> Check:
     return "ok", f"the fork-bomb brake: --nproc {host.nproc} ({count} tasks now + {margin})", ""
 
 
-_LIMIT_WORDS = {controller: name for name, controller in CONTROLLERS.items()}
-
-
-def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
-    """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
-    from .sandboxing import cgroups  # here: up imports this module, and its start needs none of it
+def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest: int | None = None) -> Iterator[Check]:
+    """Which per-call limits hold here and how: each call in a cgroup of its own,
+    else an rlimit inside its sandbox (fallback.py), and why the others do not."""
+    from .front.command_answer import cores
+    from .sandboxing import cgroups, fallback  # here: up imports this module, and its start needs none of it
 
     place = cgroups.find()
-    held = place.holds(limits)
-    described = {"memory": f"memory {describe_size(limits.memory or 0)}", "pids": f"tasks {limits.tasks}",
-                 "cpu": f"cpu {limits.cpu}%"}
-    if held:
+    held = fallback.holding(limits, place, longest)
+    size = describe_size(limits.memory or 0)
+    described = {"memory": f"memory {size}", "tasks": f"tasks {limits.tasks}", "cpu": f"cpu {limits.cpu}%"}
+    if held.by_cgroup:
         yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \
-            ", ".join(described[c] for c in held), ""
-    missing = [c for c in limits.controllers() if c not in held]
-    if not missing:
+            ", ".join(described[name] for name in held.by_cgroup), ""
+    rest = held.by_rlimit + held.not_held
+    if not rest:
         return
     if scope_works_here and place.version != 1:
-        yield "ok", "per-call limits: " + ", ".join(described[c] for c in missing) + \
+        yield "ok", "per-call limits: " + ", ".join(described[name] for name in rest) + \
             " should hold in the delegated scope up runs serve in (systemd-run --user --scope -p Delegate=yes)", ""
         return
-    for controller in missing:
-        yield "warn", f"no per-call {_LIMIT_WORDS[controller]} limit: {place.missing[controller]}", \
-            _limit_fix(scope_why)
+    fix = _limit_fix(scope_why)
+    for name in rest:
+        why = place.missing[CONTROLLERS[name]]
+        if name == "memory" and name in held.by_rlimit:
+            yield "warn", f"per-call memory limit {size} holds for each process alone, not for the call: an " \
+                f"rlimit (RLIMIT_DATA) past which an allocation fails, as {why}", fix
+        elif name == "tasks" and name in held.by_rlimit:
+            yield "ok", f"per-call tasks limit {limits.tasks} holds for the call: an rlimit (RLIMIT_NPROC) that " \
+                f"counts the call's own user namespace, as {why}", ""
+        elif name == "cpu" and name in held.by_rlimit:
+            yield "warn", f"per-call cpu limit {cores(limits.cpu or 0)} holds as CPU time for each process: " \
+                f"{held.cpu_seconds} s (RLIMIT_CPU), not as a cap, as {why}", fix
+        else:
+            unheld = "RLIMIT_NPROC binds nothing for root" if name == "tasks" and os.geteuid() == 0 else why
+            yield "warn", f"no per-call {name} limit: {unheld}", fix
 
 
 def _limit_fix(scope_why: str) -> str:

@@ -71,7 +71,7 @@ def run_settings(spec: Mapping, source: str) -> dict[str, str]:
     return values
 
 
-def _read_toml(path: str, what: str) -> dict:
+def read_toml(path: str, what: str) -> dict:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -133,7 +133,7 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     then kept in Config/), else the ones kept, else the embedded defaults."""
     sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
     settings = sandbox.load(sandbox_path) if sandbox_path else None
-    run = run_settings(_read_toml(spec_path, "spec"), spec_path) if spec_path else None
+    run = run_settings(read_toml(spec_path, "spec"), spec_path) if spec_path else None
 
     folder = agent_folder.create(flags.get("--agent") or agent_folder.default_root(environ))
     if sandbox_path:
@@ -143,7 +143,7 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     if spec_path:
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
-        run = run_settings(_read_toml(folder.spec_file, "spec"), folder.spec_file)
+        run = run_settings(read_toml(folder.spec_file, "spec"), folder.spec_file)
     assert settings is not None
     return folder, settings, run if run is not None else run_settings({}, "the embedded defaults")
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Generator, Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
@@ -169,9 +172,32 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     host = yield from _host_checks(settings)
     if host is None:
         return
-    if not os.path.isdir(folder.files):
-        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
+    if os.path.isdir(folder.files):
+        yield from _agent_checks(folder, settings, environ, host)
         return
+    # Before the first `up`: every check `up` runs, in a scratch agent's
+    # folder beside where the agent's will be (the same file system), removed after.
+    scratch = _scratch_root(folder.root)
+    yield "ok", f"the agent's folder {folder.root} does not exist yet (lnk-link-run up creates it): the checks " \
+        f"below ran in a scratch folder, {scratch}, removed after", ""
+    try:
+        yield from _agent_checks(agent_folder.create(scratch), settings, environ, host)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch_root(root: str) -> str:
+    """A new folder in the nearest folder of `root` that exists and may be written (else the temporary folder)."""
+    parent = os.path.dirname(os.path.abspath(root))
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    where = parent if os.access(parent, os.W_OK | os.X_OK) else None
+    return tempfile.mkdtemp(prefix=".lnk-doctor-", dir=where)
+
+
+def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
+                  host: hostfacts.Host) -> Iterator[Check]:
+    """The checks that start the agent's sandbox, and what hangs on it."""
     kept = yield from _sandbox_starts(folder, settings, environ, host)
     if kept is None:
         return
@@ -261,14 +287,18 @@ def _program_checks(kept: sandbox.ProgramsHere) -> Iterator[Check]:
 
 
 def _fork_brake_check(host: hostfacts.Host) -> Check:
-    count, margin = hostfacts.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
+    """The brake is the uid's count plus a margin, cut to the hard limit: only
+    a hard limit below that is near (the brake itself is never a hard limit,
+    and doctor's own processes count)."""
+    margin = int(sandbox.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
         return "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
             "run the agent as an ordinary user"
-    if host.nproc < count + margin:
-        return "warn", f"your user runs {count} tasks, near its hard limit of {host.nproc}: " \
+    count, hard = hostfacts.count_tasks(os.getuid()), hostfacts.hard_limit(resource.RLIMIT_NPROC)
+    if hard is not None and hard < count + margin:
+        return "warn", f"your user runs {count} tasks, near its hard limit of {hard}: " \
             "a call may fail to start processes", "raise the hard limit on processes (ulimit -Hu) or run fewer"
-    return "ok", f"the fork-bomb brake: --nproc {host.nproc} ({count} tasks now + {margin})", ""
+    return "ok", f"the fork-bomb brake: --nproc {host.nproc} (your user's tasks when it was read + {margin})", ""
 
 
 def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest: int | None = None) -> Iterator[Check]:

@@ -5,6 +5,7 @@ Real `up`, real `doctor`, real bubblewrap, as root and as an ordinary user
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from conftest import SERVER, clean_env, require_sandbox
 from sandbox_helpers import outer_sandbox
 from up_harness import ensure_tester, running_as_root
 
-from linkrun.sandboxing import hostfacts
+from linkrun.sandboxing import hostfacts, sandbox
 
 Run = Callable[..., subprocess.CompletedProcess]
 
@@ -103,3 +104,25 @@ def test_doctor_says_the_fork_bomb_brake_is_fine_for_an_ordinary_user_and_names_
     brake = [line for line in lines_of(low) if "hard limit" in line]
     assert len(brake) == 1 and brake[0].startswith("warn "), low.stdout
     assert f"its hard limit of {hard}" in brake[0], brake
+
+
+# -- the sandbox file ---------------------------------------------------------------------
+
+
+def test_the_first_up_writes_the_sandbox_file_in_force_and_adding_a_program_to_it_keeps_the_others(who):
+    run, folder = who
+    agent = folder / "agent"
+    first = run("up", "--agent", str(agent), "--no-way-in")  # its input is empty: it serves nothing and ends
+    assert first.returncode == 0, first.stderr
+    written = agent / "Config" / "sandbox.toml"
+    text = written.read_text()
+    assert text.startswith("#") and "[commands]" in text and "[limits]" in text, text
+    assert sandbox.load(str(written)) == dataclasses.replace(sandbox.load(None), source=str(written))
+    # The docs' advice: add the program to [commands] allow.
+    written.write_text(text.replace('"sh", "bash",', '"sh", "id", "bash",', 1))
+    done = run("doctor", "--agent", str(agent))
+    offered = next(line for line in done.stdout.splitlines() if "programs offered:" in line)
+    assert "sh, id, bash, python3" in offered, offered
+    again = run("up", "--agent", str(agent), "--no-way-in")
+    assert again.returncode == 0, again.stderr
+    assert "id" in written.read_text().split("allow")[1].split("]")[0]  # a second up keeps the user's file

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Generator, Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
@@ -170,9 +173,32 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     host = yield from _host_checks(settings)
     if host is None:
         return
-    if not os.path.isdir(folder.files):
-        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", f"{typed('up')} creates it"
+    if os.path.isdir(folder.files):
+        yield from _agent_checks(folder, settings, environ, host)
         return
+    # Before the first `up`: every check `up` runs, in a scratch agent's
+    # folder beside where the agent's will be (the same file system), removed after.
+    scratch = _scratch_root(folder.root)
+    yield "ok", f"the agent's folder {folder.root} does not exist yet ({typed('up')} creates it): the checks " \
+        f"below ran in a scratch folder, {scratch}, removed after", ""
+    try:
+        yield from _agent_checks(agent_folder.create(scratch), settings, environ, host)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch_root(root: str) -> str:
+    """A new folder in the nearest folder of `root` that exists and may be written (else the temporary folder)."""
+    parent = os.path.dirname(os.path.abspath(root))
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    where = parent if os.access(parent, os.W_OK | os.X_OK) else None
+    return tempfile.mkdtemp(prefix=".lnk-doctor-", dir=where)
+
+
+def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
+                  host: hostfacts.Host) -> Iterator[Check]:
+    """The checks that start the agent's sandbox, and what hangs on it."""
     kept = yield from _sandbox_starts(folder, settings, environ, host)
     if kept is None:
         return
@@ -184,7 +210,20 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     else:
         yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
             "see docs/security.md"
-    yield from limit_checks(sandbox.call_limits(settings, host), works, why)
+    yield from limit_checks(sandbox.call_limits(settings, host), works, why, _longest_call(folder))
+
+
+def _longest_call(folder: agent_folder.AgentFolder) -> int:
+    """The most seconds a call runs (the spec's timeout, else the default): the span of a cpu limit's rlimit."""
+    from .config import parse_duration
+    from .up import read_toml, run_settings
+
+    source = folder.spec_file
+    try:
+        spec = read_toml(source, "spec") if os.path.exists(source) else {}
+        return parse_duration("timeout", run_settings(spec, source)["--timeout"])
+    except LinkRunError:
+        return parse_duration("timeout", str(sandbox.defaults()["run"]["timeout"]))
 
 
 def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFile | None]:
@@ -249,40 +288,55 @@ def _program_checks(kept: sandbox.ProgramsHere) -> Iterator[Check]:
 
 
 def _fork_brake_check(host: hostfacts.Host) -> Check:
-    count, margin = hostfacts.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
+    """The brake is the uid's count plus a margin, cut to the hard limit: only
+    a hard limit below that is near (the brake itself is never a hard limit,
+    and doctor's own processes count)."""
+    margin = int(sandbox.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
         return "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
             "run the agent as an ordinary user"
-    if host.nproc < count + margin:
-        return "warn", f"your user runs {count} tasks, near its hard limit of {host.nproc}: " \
+    count, hard = hostfacts.count_tasks(os.getuid()), hostfacts.hard_limit(resource.RLIMIT_NPROC)
+    if hard is not None and hard < count + margin:
+        return "warn", f"your user runs {count} tasks, near its hard limit of {hard}: " \
             "a call may fail to start processes", "raise the hard limit on processes (ulimit -Hu) or run fewer"
-    return "ok", f"the fork-bomb brake: --nproc {host.nproc} ({count} tasks now + {margin})", ""
+    return "ok", f"the fork-bomb brake: --nproc {host.nproc} (your user's tasks when it was read + {margin})", ""
 
 
-_LIMIT_WORDS = {controller: name for name, controller in CONTROLLERS.items()}
-
-
-def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
-    """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
-    from .sandboxing import cgroups  # here: up imports this module, and its start needs none of it
+def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest: int | None = None) -> Iterator[Check]:
+    """Which per-call limits hold here and how: each call in a cgroup of its own,
+    else an rlimit inside its sandbox (fallback.py), and why the others do not."""
+    from .front.command_answer import cores
+    from .sandboxing import cgroups, fallback  # here: up imports this module, and its start needs none of it
 
     place = cgroups.find()
-    held = place.holds(limits)
-    described = {"memory": f"memory {describe_size(limits.memory or 0)}", "pids": f"tasks {limits.tasks}",
-                 "cpu": f"cpu {limits.cpu}%"}
-    if held:
+    held = fallback.holding(limits, place, longest)
+    size = describe_size(limits.memory or 0)
+    described = {"memory": f"memory {size}", "tasks": f"tasks {limits.tasks}", "cpu": f"cpu {limits.cpu}%"}
+    if held.by_cgroup:
         yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \
-            ", ".join(described[c] for c in held), ""
-    missing = [c for c in limits.controllers() if c not in held]
-    if not missing:
+            ", ".join(described[name] for name in held.by_cgroup), ""
+    rest = held.by_rlimit + held.not_held
+    if not rest:
         return
     if scope_works_here and place.version != 1:
-        yield "ok", "per-call limits: " + ", ".join(described[c] for c in missing) + \
+        yield "ok", "per-call limits: " + ", ".join(described[name] for name in rest) + \
             " should hold in the delegated scope up runs serve in (systemd-run --user --scope -p Delegate=yes)", ""
         return
-    for controller in missing:
-        yield "warn", f"no per-call {_LIMIT_WORDS[controller]} limit: {place.missing[controller]}", \
-            _limit_fix(scope_why)
+    fix = _limit_fix(scope_why)
+    for name in rest:
+        why = place.missing[CONTROLLERS[name]]
+        if name == "memory" and name in held.by_rlimit:
+            yield "warn", f"per-call memory limit {size} holds for each process alone, not for the call: an " \
+                f"rlimit (RLIMIT_DATA) past which an allocation fails, as {why}", fix
+        elif name == "tasks" and name in held.by_rlimit:
+            yield "ok", f"per-call tasks limit {limits.tasks} holds for the call: an rlimit (RLIMIT_NPROC) that " \
+                f"counts the call's own user namespace, as {why}", ""
+        elif name == "cpu" and name in held.by_rlimit:
+            yield "warn", f"per-call cpu limit {cores(limits.cpu or 0)} holds as CPU time for each process: " \
+                f"{held.cpu_seconds} s (RLIMIT_CPU), not as a cap, as {why}", fix
+        else:
+            unheld = "RLIMIT_NPROC binds nothing for root" if name == "tasks" and os.geteuid() == 0 else why
+            yield "warn", f"no per-call {name} limit: {unheld}", fix
 
 
 def _limit_fix(scope_why: str) -> str:

@@ -40,10 +40,13 @@ def local_time(unix: float) -> str:
 
 
 def describe_size(size: int) -> str:
-    """Bytes for a text: 16384 → "16K", 1048576 → "1M", 1000 → "1000 bytes"."""
-    for unit, scale in (("M", 1024**2), ("K", 1024)):
-        if size % scale == 0:
+    """Bytes for a text, as people write them: 16384 → "16K", 1048576 → "1M",
+    6319017984 → "5.9G" (one decimal past a megabyte), 1000 → "1000 bytes"."""
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if size >= scale and size % scale == 0:
             return f"{size // scale}{unit}"
+        if size >= scale and unit != "K":
+            return f"{size / scale:.1f}{unit}"
     return f"{size} bytes"
 
 

@@ -71,7 +71,7 @@ def run_settings(spec: Mapping, source: str) -> dict[str, str]:
     return values
 
 
-def _read_toml(path: str, what: str) -> dict:
+def read_toml(path: str, what: str) -> dict:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -79,6 +79,25 @@ def _read_toml(path: str, what: str) -> dict:
         raise LinkRunError(f"cannot read the {what} {path}: {error.strerror}", "give a readable file") from None
     except tomllib.TOMLDecodeError as error:
         raise LinkRunError(f"the {what} {path} is not valid TOML: {error}", "fix it") from None
+
+
+SANDBOX_FILE_HEADER = """\
+# The agent's sandbox file: what its calls may run, write and reach, and their
+# limits. The first `lnk-link-run up` wrote it with the defaults in force; edit
+# it, and start the agent again. A section or key left out takes the embedded
+# default; a list given replaces the default list (add to it, do not start a
+# new one). `lnk-link-run doctor` says what holds on this machine.
+
+"""
+
+
+def default_sandbox_file() -> str:
+    """The embedded default sandbox file as a sandbox file, with its comments:
+    the `[sandbox.*]` sections of defaults.toml, the one place they are written."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults.toml")) as f:
+        text = f.read()
+    start, end = text.index("[sandbox.commands]"), text.index("# The spec's [tool.run]")
+    return SANDBOX_FILE_HEADER + text[start:end].replace("[sandbox.", "[").rstrip() + "\n"
 
 
 def _keep(source: str, destination: str) -> None:
@@ -133,17 +152,19 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     then kept in Config/), else the ones kept, else the embedded defaults."""
     sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
     settings = sandbox.load(sandbox_path) if sandbox_path else None
-    run = run_settings(_read_toml(spec_path, "spec"), spec_path) if spec_path else None
+    run = run_settings(read_toml(spec_path, "spec"), spec_path) if spec_path else None
 
     folder = agent_folder.create(flags.get("--agent") or agent_folder.default_root(environ))
     if sandbox_path:
         _keep(sandbox_path, folder.sandbox_file)
     else:
-        settings = sandbox.load(folder.sandbox_file if os.path.exists(folder.sandbox_file) else None)
+        if not os.path.exists(folder.sandbox_file):
+            filing.write_whole(folder.sandbox_file, default_sandbox_file().encode(), 0o644)
+        settings = sandbox.load(folder.sandbox_file)
     if spec_path:
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
-        run = run_settings(_read_toml(folder.spec_file, "spec"), folder.spec_file)
+        run = run_settings(read_toml(folder.spec_file, "spec"), folder.spec_file)
     assert settings is not None
     return folder, settings, run if run is not None else run_settings({}, "the embedded defaults")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..processes import runner
 from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
-from .command_answer import command_structured, command_text, git_note, limit_warnings, limits_sentence
+from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, limit_warnings, limits_sentence
 from ..config import Serve
 from ..errors import LinkRunError, Refused
 from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
@@ -106,8 +106,10 @@ _COMMAND_OUTPUT = {
         "seconds": {"type": "number"},
         "output": {"type": "string", "description": f"What it printed on its output: {_SHOWN}."},
         "errors": {"type": "string", "description": f"What it printed on its errors: {_SHOWN}."},
-        "limit": nullable("string", 'The limit that bit: "memory" when its out-of-memory killer killed, '
-                          '"tasks" when a fork was refused at its task limit, else null.'),
+        "limit": nullable("string", 'The limit that bit: "memory" when its out-of-memory killer killed (or, '
+                          'where an rlimit holds it, its errors show an allocation refused), "tasks" when a fork '
+                          'was refused at its task limit, "cpu" when it used up its CPU time (an rlimit), else null.'),
+        "limits": LIMITS_SCHEMA,
     },
     "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors",
                  "limit"],
@@ -129,7 +131,7 @@ class Tools:
         self._files_fd: int | None = None
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
                                os.path.join(settings.state, "proxy") if settings.proxy and settings.state else None,
-                               settings.seccomp, settings.limits)
+                               settings.seccomp, settings.limits, longest=settings.timeout)
         self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
         self._etc_watch_started = False
         # A sandbox made ahead of each call (spare.py), for a real sandbox with its init watched.
@@ -182,7 +184,8 @@ class Tools:
         from ..sandboxing import cgroups  # not at start: initialize never waits for it
 
         assert self.settings.limits is not None  # started only with limits
-        for line in limit_warnings(self.settings.limits, cgroups.place()):
+        assert self.sandbox.holding is not None  # with limits
+        for line in limit_warnings(self.sandbox.holding, cgroups.place()):
             print(f"lnk-link-run serve: {line}", file=sys.stderr, flush=True)
 
     def _proxy_ready(self) -> str | None:
@@ -264,8 +267,8 @@ class Tools:
         if s.write:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
                          "the rest is read-only, and chats/ and background/ are never writable.")
-        if s.limits is not None:
-            lines.append(limits_sentence(s.limits))
+        if self.sandbox.holding is not None:
+            lines.append(limits_sentence(self.sandbox.holding))
         if "start" in self.table and s.background is not None:
             b = s.background
             if b.way_in is None:
@@ -429,7 +432,8 @@ class Tools:
                 self.spares.done(counted)
         if outcome.cancelled:
             return None
-        text = command_text(outcome, request.timeout, self.settings, "start" in self.table) + git_note(launch.git_notes)
+        text = (command_text(outcome, request.timeout, self.settings, "start" in self.table, self.sandbox.holding)
+                + git_note(launch.git_notes))
         if no_internet:
             text += f"\n[this call had no internet: {no_internet}]"
         elif self.proxy is not None and self.settings.state:
@@ -438,4 +442,4 @@ class Tools:
             hosts = refused(self.settings.state, since, outcome.pid)
             if hosts:
                 text += "\n" + refused_note(hosts, self.settings.state)
-        return ToolResult(text, command_structured(outcome))
+        return ToolResult(text, command_structured(outcome, self.sandbox.holding))

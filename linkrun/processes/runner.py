@@ -55,7 +55,7 @@ class Outcome:
     errors: Capture
     cancelled: bool = False
     pid: int = 0  # the sandbox's, for telling this call's proxy refusals from another's
-    limit: str | None = None  # "memory" or "tasks" when that limit of its cgroup bit, else None
+    limit: str | None = None  # "memory", "tasks" or "cpu" when that limit bit (its cgroup's, or an rlimit's), else None
 
     def __repr__(self) -> str:
         how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
@@ -180,6 +180,11 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     try:
         outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress)
         outcome.limit = group.limit_hit() if group is not None else None
+        if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
+            from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
+
+            errors = bytes(outcome.errors.head + outcome.errors.tail)
+            outcome.limit = bitten(launch.holding, outcome.exit, outcome.signal, errors)
         return outcome
     finally:
         if group is not None:

@@ -62,7 +62,8 @@ from ..kernel import own_session_keyring, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
-    from .cgroups import Group
+    from .cgroups import Group, Place
+    from .fallback import Holding
     from .etcview import EtcWatch
     from .gitcheck import Look
 
@@ -80,9 +81,20 @@ class Sandbox:
     seccomp: str | None = None  # the filter file, opened afresh for each launch
     limits: Limits | None = None  # each launch in a cgroup of its own with these, where one can be had
     etc_watch: EtcWatch | None = None  # serve's watch of the host's /etc: a launch looks only after a change
+    longest: int | None = None  # the most seconds a launch runs: the span of a cpu limit held by an rlimit
+    place: Place | None = None  # where cgroups can be made; None: where this process can make them
 
     @functools.cached_property
-    def prlimit_prefix(self) -> tuple[int, tuple[tuple[int, int], ...]]:
+    def holding(self) -> Holding | None:
+        """How each limit holds here (fallback.py): through the launch's cgroup, an rlimit, or not; None without limits."""
+        if self.limits is None:
+            return None
+        from . import cgroups, fallback
+
+        return fallback.holding(self.limits, self.place if self.place is not None else cgroups.place(), self.longest)
+
+    @functools.cached_property
+    def prlimit_prefix(self) -> tuple[int, tuple[tuple[int, int, int], ...]]:
         """The fixed part's `prlimit ... --` prefix, read once: its length and
         its limits, which a launch that watches its init sets on it itself
         (`init_pidfd`), an exec fewer per call. (0, ()) without one, or with
@@ -95,7 +107,7 @@ class Sandbox:
             name, _, value = flag.partition("=")
             if name not in _RLIMITS or not value.isdigit():
                 return 0, ()
-            rlimits.append((_RLIMITS[name], int(value)))
+            rlimits.append((_RLIMITS[name], int(value), int(value)))
         return end + 1, tuple(rlimits)
 
     @functools.cached_property
@@ -128,7 +140,8 @@ class Launch:
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
     group: Group | None = None  # the launch's cgroup, until the caller takes it
     held: list[int] = field(default_factory=list)  # kept until `close()`: the pinned /etc view
-    rlimits: tuple[tuple[int, int], ...] = ()  # set on the sandbox's init while bwrap holds the program
+    rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard), set on the sandbox's init while bwrap holds the program
+    holding: Holding | None = None  # how the call's limits hold (fallback.py), for telling which bit
     proxy_dir: str | None = None  # with the internet: the proxy that listens inside
     block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
@@ -191,8 +204,8 @@ class Launch:
 
     def _set_limits(self, pidfd: int, init_pid: int) -> None:
         try:
-            for which, value in self.rlimits:
-                resource.prlimit(init_pid, which, (value, value))
+            for which, soft, hard in self.rlimits:
+                resource.prlimit(init_pid, which, (soft, hard))
         except OSError as error:
             from ..errors import LinkRunError
             from ..invocation import typed
@@ -277,7 +290,7 @@ def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: i
 
 def join_group(launch: Launch, sandbox: Sandbox, watch_init: bool = True) -> None:
     """With limits, the launch's cgroup (see prepare)."""
-    if sandbox.limits is not None and watch_init:
+    if sandbox.limits is not None and watch_init and sandbox.holding is not None and sandbox.holding.by_cgroup:
         _join_group(launch, sandbox.limits)
 
 
@@ -404,9 +417,18 @@ def _with_etc_view(sandbox: Sandbox, launch: Launch) -> list[str]:
 
 def _limits_without_exec(sandbox: Sandbox, fixed: list[str], launch: Launch, part: list[str]) -> list[str]:
     """The fixed part without its `prlimit ... --` prefix, whose limits the
-    launch sets on the sandbox's init itself while bwrap holds the program."""
-    length, launch.rlimits = sandbox.prlimit_prefix
-    if not length:
+    launch sets on the sandbox's init itself while bwrap holds the program,
+    with the call's limits that no cgroup holds here (fallback.py): the
+    lower of two for one resource."""
+    length, rlimits = sandbox.prlimit_prefix
+    launch.holding = sandbox.holding
+    extra = launch.holding.rlimits() if launch.holding is not None else ()
+    lowest: dict[int, tuple[int, int]] = {}
+    for which, soft, hard in rlimits + extra:
+        before = lowest.get(which)
+        lowest[which] = (soft, hard) if before is None else (min(before[0], soft), min(before[1], hard))
+    launch.rlimits = tuple((which, soft, hard) for which, (soft, hard) in lowest.items())
+    if not launch.rlimits:
         return fixed
     part += _hold_program(launch)
     return fixed[length:]

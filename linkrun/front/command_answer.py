@@ -18,18 +18,23 @@ if TYPE_CHECKING:
     from ..sandboxing.cgroups import Place
 
 
-def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: bool) -> str:
-    """How the call ended, the limit that bit, what it printed, and a refused write explained."""
+def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: bool) -> tuple[str, list[str]]:
+    """How the call ended, the limit that bit, what it printed, and a refused
+    write explained; and serve's notes among those lines (the limit, the
+    write), for the structured value too."""
     lines = [_ending(outcome, timeout, can_start)]
+    notes = []
     if outcome.limit is not None:
-        lines.append(limit_text(outcome.limit, settings.limits))
+        notes.append(limit_text(outcome.limit, settings.limits))
+        lines.append(notes[-1])
     lines += _stream_text("output", outcome.output)
     lines += _stream_text("errors", outcome.errors)
     if settings.write and _refused_write(outcome):
         writable = " and ".join(f"{w}/" for w in settings.write)
-        lines.append(f"[the sandbox refused a write: only {writable} of the files folder "
+        notes.append(f"[the sandbox refused a write: only {writable} of the files folder "
                      f"{'is' if len(settings.write) == 1 else 'are'} writable; chats/ and background/ never]")
-    return "\n".join(lines)
+        lines.append(notes[-1])
+    return "\n".join(lines), notes
 
 
 def command_structured(outcome: Outcome) -> dict[str, object]:

@@ -11,11 +11,38 @@ which every tool's outputSchema declares.
 
 from __future__ import annotations
 
+import jsonschema
 import orjson
-from conftest import SERVER, require_sandbox, serve_argv, text_of
-from sandbox_helpers import Agent
 import pytest
-from test_clients import META, Client, ended
+from conftest import SERVER, RawServer, require_sandbox, serve_argv, text_of, wait_for
+from sandbox_helpers import Agent
+
+from linkrun.detached import records
+
+META = {"link.local/thread": "conversation-notes"}
+
+
+class Client:
+    """A raw-pipe client that checks every answer against the outputSchema its tool declares."""
+
+    def __init__(self, server: RawServer):
+        self.server = server
+        server.initialize()
+        self.tools = {tool["name"]: tool for tool in server.request("tools/list")["result"]["tools"]}
+
+    def succeeds(self, name: str, arguments: dict, meta: dict | None = None) -> dict:
+        result = self.server.call(name, arguments, meta)
+        assert "isError" not in result, text_of(result)
+        jsonschema.validate(result["structuredContent"], self.tools[name]["outputSchema"])
+        return result
+
+
+def ended(client: Client, command_id: str, **arguments) -> dict:
+    """read with wait until the command has ended; its last answer."""
+    def look():
+        result = client.succeeds("read", {"id": command_id, "wait": 5, **arguments}, META)
+        return result["structuredContent"]["state"] not in records.RUNNING_STATES and result
+    return wait_for(look, timeout=30, what=f"{command_id} to end")
 
 REFUSED_WRITE = "[the sandbox refused a write"
 

@@ -407,10 +407,10 @@ class Tools:
         request = self.check_run(arguments)
         folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
         progress = context.progress
-        report: Callable[[int], None] | None = None
+        report: Callable[[float, int], None] | None = None
         if progress is not None:
-            def report(total: int) -> None:
-                progress(total, None, f"{total} bytes of output so far")
+            def report(seconds: float, total: int) -> None:  # seconds: they rise, the bytes need not
+                progress(seconds, None, f"{total} bytes of output so far")
         counted = False  # by the spares, as a call in flight
         try:
             with self.launch(request, grouped=False) as launch:

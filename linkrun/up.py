@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from . import agent as agent_folder
 from . import doctor
 from .detached import filing, records
 from .network import internet
-from .sandboxing import hostfacts, sandbox, seccomp
+from .sandboxing import etcview, hostfacts, sandbox, seccomp
 from .messages.address import parse_address
 from .config import Flags, WayInFlags, parse_duration, parse_size, split_flags, way_in_flags
 from .errors import LinkRunError, UsageError
@@ -110,15 +110,22 @@ def _keep(source: str, destination: str) -> None:
     filing.write_whole(destination, data, 0o644)
 
 
-def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], doctor.Probe]:
-    """Everything `up` does but the exec: the argv it execs, and the sandbox probe under way."""
+def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Callable[[], None]]:
+    """Everything `up` does but the exec: the argv it execs, and its checks
+    still to run (the /etc view made current, then the sandbox's probe),
+    which raise LinkRunError naming the fix. What the handshake says (the
+    programs kept, the limits, the folders) is known without them."""
     flags, route, way_in = _check_flags(argv, environ)
     folder, settings, run = _agent_files(flags, environ)
     keyring = way_in.keyring or os.path.abspath(agent_folder.default_keyring(environ))
-    fixed, kept, host = sandbox.build(folder, settings, environ, keyring)
+    fixed, kept, host = sandbox.build(folder, settings, environ, keyring, etc_view=False)
     write = sandbox.write_folders(settings)
     filter_path = seccomp.for_agent(folder.state)
-    pending = doctor.start_probe(fixed, folder, write, filter_path)
+
+    def check() -> None:
+        etcview.ensure(folder.state)
+        doctor.probe(fixed, folder, write, filter_path)
+
     _prepare_internet(folder, settings, route, way_in)
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
              "--programs-path", hostfacts.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
@@ -128,7 +135,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], docto
         serve += ["--seccomp", filter_path]
     serve += ["--limits", sandbox.call_limits(settings, host).flag()]
     serve += _background_flags(folder, settings, run, way_in, "--no-way-in" in flags)
-    return _in_scope(serve + ["--"] + fixed, folder), pending
+    return _in_scope(serve + ["--"] + fixed, folder), check
 
 
 def _check_flags(argv: list[str], environ: Mapping[str, str]) -> tuple[Flags, str | None, WayInFlags]:
@@ -218,26 +225,26 @@ def _in_scope(serve: list[str], folder: agent_folder.AgentFolder) -> list[str]:
 
 def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
     """serve's command line, once the sandbox was checked (as `doctor` does)."""
-    command, pending = _plan(argv, environ)
-    pending.check()
+    command, check = _plan(argv, environ)
+    check()
     return command
 
 
 def main(argv: list[str]) -> int:
-    command, pending = _plan(argv, os.environ)
+    command, check = _plan(argv, os.environ)
     serve_at = command.index("serve") if "serve" in command else -1
     if command[0] == sys.executable and serve_at == 4:
         # serve in this process: the same program an exec would start, without
         # paying a second interpreter start and its imports (about half of
-        # up's time to its first answer). The scope path must exec. The
-        # server's modules load while the sandbox's probe runs.
-        from .front import server, tools  # noqa: F401
+        # up's time to its first answer). It answers the handshake before the
+        # checks end; the calls that run a program wait for them (checks.py).
+        # The scope path must exec, so it checks first, as doctor does.
+        from .front import server
 
-        pending.check()
         sys.stdout.flush()
         sys.stderr.flush()
-        return server.main(command[serve_at + 1:])
-    pending.check()
+        return server.main(command[serve_at + 1:], check)
+    check()
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)

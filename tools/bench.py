@@ -1033,8 +1033,14 @@ def sleeps_at_once(files: str, rounds: int = 5) -> None:
            f"20 minimal bwraps at once: {bare_s:.3f} s; pass-through sandbox: {serve:.3f} s; 0.5 s")
 
 
+def startup(files: str):
+    from bench_start import startup as measure  # tools/, beside this script
+
+    measure(files, row)
+
+
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
-          "proxy": proxy_group, "faults": faults, "agents": agents}
+          "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup}
 
 
 README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows

@@ -154,9 +154,10 @@ def read_answer(chunk: ReadChunk, asked: int | None, settings: Serve) -> ToolRes
     dropped = record.get("dropped") or 0
     if dropped:
         structured["dropped"] = dropped
+    notes = _read_notes(chunk, asked, dropped, settings)
     header = " · ".join([record["id"], record["state"], f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
-                         *_read_notes(chunk, asked, dropped, settings)])
-    return ToolResult(header + "\n" + text, structured, header=True)
+                         *notes])
+    return ToolResult(header + "\n" + text, structured, header=True, notes=notes)
 
 
 def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, settings: Serve) -> list[str]:

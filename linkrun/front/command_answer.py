@@ -35,25 +35,30 @@ LIMITS_SCHEMA = {
 
 
 def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: bool,
-                 held: Holding | None = None) -> str:
-    """How the call ended, the limit that bit, what it printed, and a refused write explained."""
+                 held: Holding | None = None) -> tuple[str, list[str]]:
+    """How the call ended, the limit that bit, what it printed, and a refused
+    write explained; and serve's notes among those lines (the limit, the
+    write), for the structured value too."""
     lines = [_ending(outcome, timeout, can_start)]
+    notes = []
     if outcome.limit is not None:
-        lines.append(limit_text(outcome.limit, held))
+        notes.append(limit_text(outcome.limit, held))
+        lines.append(notes[-1])
     lines += _stream_text("output", outcome.output)
     lines += _stream_text("errors", outcome.errors)
     if settings.write and _refused_write(outcome):
         writable = " and ".join(f"{w}/" for w in settings.write)
-        lines.append(f"[the sandbox refused a write: only {writable} of the files folder "
+        notes.append(f"[the sandbox refused a write: only {writable} of the files folder "
                      f"{'is' if len(settings.write) == 1 else 'are'} writable; chats/ and background/ never]")
-    return "\n".join(lines)
+        lines.append(notes[-1])
+    return "\n".join(lines), notes
 
 
 def git_note(notes: list[str]) -> str:
     """What the git check set aside after the call (gitcheck.py), for the agent to know; "" when nothing."""
     if not notes:
         return ""
-    return ("\n[the user's git would have run what this call wrote into a repository; set aside: "
+    return ("[the user's git would have run what this call wrote into a repository; set aside: "
             + "; ".join(notes) + "]")
 
 

@@ -27,6 +27,7 @@ from .protocol import (
     UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
+from .checks import Checks
 from .tools import CallContext, Tools, ToolResult
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -52,6 +53,7 @@ class Session:
         self.workers = Workers()
         self.instructions = tools.instructions()
         self.on_first_answer: Callable[[], None] | None = None  # called once the first message was handled
+        self.checks = Checks(None)  # up's, when serve runs in up's process: the calls that run a program wait
 
     # -- the read loop ----------------------------------------------------
 
@@ -272,7 +274,8 @@ class Session:
             response = None
             try:
                 progress = call.progress_sender(self.channel, version) if call.progress_token is not None else None
-                outcome = self._run_tool(name, arguments, CallContext(meta, call.cancel, progress))
+                outcome = self.checks.refusal(name) or self._run_tool(name, arguments,
+                                                                      CallContext(meta, call.cancel, progress))
                 response = self._answer_call(call, outcome, version, modern)
                 return response
             finally:
@@ -360,7 +363,9 @@ def _tool_result(outcome: ToolResult, version: str) -> dict:
     return value
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
+    """serve; `checks`: up's work still to do when it runs serve in its own
+    process (checks.py), done after the handshake, before a program runs."""
     if argv and argv[0] in ("-h", "--help"):
         from ..config import SERVE_USAGE
         print(f"usage: {SERVE_USAGE}")
@@ -385,9 +390,18 @@ def main(argv: list[str]) -> int:
         sys.stderr.reconfigure(encoding="utf-8", errors="replace")
     tools = Tools(settings)
     session = Session(tools, Channel())
+    session.checks = Checks(checks)
     if tools.background is not None:
         tools.background.start_sweeping()
-    session.on_first_answer = tools.first_answered
+
+    def first_answered() -> None:
+        session.checks.start()
+        # Spares and the proxy are made with what the checks make (the /etc view).
+        session.checks.after(tools.first_answered)
+
+    session.on_first_answer = first_answered
     code = session.run()
+    if not session.checks.passed():
+        code = 1
     sys.stderr.flush()
     os._exit(code)  # daemon threads may still hold a killed call; do not wait for them

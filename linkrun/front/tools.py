@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..processes import runner
@@ -38,10 +38,13 @@ class ToolResult:
     structured: dict[str, object] | None = None
     is_error: bool = False
     header: bool = False  # the text is a header line, then exactly a program's bytes
+    # Each also in the text; for the clients that give the model the structured value alone.
+    notes: list[str] = field(default_factory=list)
 
     def add_note(self, note: str) -> None:
         """A note of the server's: a last line of its own, or, after a header,
         at the header's end, so that the bytes below stay exactly the bytes."""
+        self.notes.append(note)
         if self.header:
             first, newline, rest = self.text.partition("\n")
             self.text = f"{first} · {note}{newline}{rest}"
@@ -114,11 +117,11 @@ _COMMAND_OUTPUT = {
     "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors",
                  "limit"],
 }
-_IGNORED = {
-    "type": "array",
-    "items": {"type": "string"},
-    "description": "The arguments given that this tool does not know, which it ignored (present only then).",
-}
+# Of every tool's structured value, present only when not empty.
+_EVERY_TOOLS_OUTPUT = {name: {"type": "array", "items": {"type": "string"}, "description": description} for name, description in (
+    ("ignored", "The arguments given that this tool does not know, which it ignored."),
+    ("notes", "The server's notes on this answer, each as the text has it: the proxy refused a host, the sandbox "
+              "refused a write, the call had no internet, a limit bit, arguments were ignored."))}
 
 
 class Tools:
@@ -156,7 +159,7 @@ class Tools:
             self.table.update(table)
         for tool in self.table.values():
             schema = tool["outputSchema"]
-            tool["outputSchema"] = {**schema, "properties": {**schema["properties"], "ignored": _IGNORED}}
+            tool["outputSchema"] = {**schema, "properties": {**schema["properties"], **_EVERY_TOOLS_OUTPUT}}
 
     def first_answered(self) -> None:
         """After the session's first answer: what may wait until then."""
@@ -307,6 +310,8 @@ class Tools:
                             f"{', '.join(sorted(known)) or 'none'}]")
             if result.structured is not None:
                 result.structured["ignored"] = ignored
+        if result is not None and result.notes and result.structured is not None:
+            result.structured["notes"] = list(result.notes)
         return result
 
     def _answer(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
@@ -405,10 +410,10 @@ class Tools:
         request = self.check_run(arguments)
         folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
         progress = context.progress
-        report: Callable[[int], None] | None = None
+        report: Callable[[float, int], None] | None = None
         if progress is not None:
-            def report(total: int) -> None:
-                progress(total, None, f"{total} bytes of output so far")
+            def report(seconds: float, total: int) -> None:  # seconds: they rise, the bytes need not
+                progress(seconds, None, f"{total} bytes of output so far")
         counted = False  # by the spares, as a call in flight
         try:
             with self.launch(request, grouped=False) as launch:
@@ -432,14 +437,17 @@ class Tools:
                 self.spares.done(counted)
         if outcome.cancelled:
             return None
-        text = (command_text(outcome, request.timeout, self.settings, "start" in self.table, self.sandbox.holding)
-                + git_note(launch.git_notes))
+        text, notes = command_text(outcome, request.timeout, self.settings, "start" in self.table,
+                                   self.sandbox.holding)
+        result = ToolResult(text, command_structured(outcome, self.sandbox.holding), notes=notes)
+        if launch.git_notes:
+            result.add_note(git_note(launch.git_notes))
         if no_internet:
-            text += f"\n[this call had no internet: {no_internet}]"
+            result.add_note(f"[this call had no internet: {no_internet}]")
         elif self.proxy is not None and self.settings.state:
             from ..network.internet import refused, refused_note
 
             hosts = refused(self.settings.state, since, outcome.pid)
             if hosts:
-                text += "\n" + refused_note(hosts, self.settings.state)
-        return ToolResult(text, command_structured(outcome, self.sandbox.holding))
+                result.add_note(refused_note(hosts, self.settings.state))
+        return result

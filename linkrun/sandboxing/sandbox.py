@@ -368,11 +368,12 @@ def check_binds(binds: Sequence[str], protected: Sequence[tuple[str, str]]) -> N
 
 
 def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mapping[str, str],
-          keyring: str | None = None, host: Host | None = None) -> tuple[list[str], ProgramsHere, Host]:
-    """What `up`, `doctor` and `sandbox` share: this machine's facts (read
-    here unless given), the programs kept, and the fixed argv."""
+          keyring: str | None = None, host: Host | None = None, etc_view: bool = True) -> tuple[list[str], ProgramsHere, Host]:
+    """What `up`, `doctor` and `sandbox` share: this machine's facts (read here unless given), the programs
+    kept, the fixed argv, and (unless not `etc_view`: up's checks do it) the /etc view it binds made current."""
     host = host if host is not None else host_facts()
-    etcview.ensure(folder.state)
+    if etc_view:
+        etcview.ensure(folder.state)
     kept = programs(sandbox.allow, host, folder)
     places = agent_folder.protected(folder, keyring or agent_folder.default_keyring(environ), environ)
     return fixed_argv(folder, sandbox, host, kept.folders, places), kept, host

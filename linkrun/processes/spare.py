@@ -6,7 +6,9 @@ its start and again after each call (after calls at once, as many as ran
 at once, for a while: `Spares`): bwrap runs LOADER, a small `sh` that
 waits on its standard input for the call's program. The call writes a
 script there (`script`): into the call's folder, the shell's own variables
-dropped, `exec` of the program. What the program then finds (its
+dropped, `exec` of the program; and reads the loader's ACK before the
+program's output (`Spare.hand_over`), so a spare killed from outside before
+it read the script is known, and the call makes its own sandbox. What the program then finds (its
 environment, descriptors, folder, limits, cgroup, namespaces) is what a
 sandbox made for it would give it.
 

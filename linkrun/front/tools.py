@@ -383,13 +383,19 @@ class Tools:
     def _start_spare(self, launch: Launch, key: object) -> Spare:
         return runner.start_spare(launch, key, self.settings.files)
 
-    def _take_spare(self, request: runner.Request, launch: Launch) -> tuple[Spare, bytes] | None:
-        """The spare for this call, with its script; None when a sandbox is made for it."""
+    def _take_spare(self, request: runner.Request, launch: Launch) -> Spare | None:
+        """The spare for this call, handed its script; None when a sandbox is
+        made for it (no spare shows what it would, or the one taken ended
+        before it read the script: nothing of the call ran, its input is whole)."""
         if self.spares is None:
             return None
         data = script(request, self.argv_tail(request), self.settings.files)
         spare = self.spares.take(self._key(launch), use=data is not None)
-        return (spare, data) if spare is not None and data is not None else None
+        if spare is None or data is None:
+            return None
+        handed = spare.hand_over(data, bool(request.input))
+        self.spares.handed(spare, handed)
+        return spare if handed else None
 
     def _watch_etc(self) -> None:
         """At the first launch (not at start: initialize never waits for it),
@@ -429,7 +435,7 @@ class Tools:
                                          spare)
                 finally:
                     if spare is not None:
-                        spare[0].launch.close()
+                        spare.launch.close()
                 no_internet = no_internet or launch.no_internet
         finally:
             os.close(folder_fd)

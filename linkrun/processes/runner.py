@@ -162,9 +162,9 @@ def open_folder(files_fd: int, folder: str) -> int:
 
 
 def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
-        progress: Callable[[float, int], None] | None = None, spare: tuple[Spare, bytes] | None = None) -> Outcome:
+        progress: Callable[[float, int], None] | None = None, spare: Spare | None = None) -> Outcome:
     """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it;
-    or, given a spare and its script (spare.py), the program in the spare.
+    or, given a spare handed the call's script (spare.py), the program in the spare.
 
     `progress(seconds_so_far, bytes_so_far)` is called at most every
     PROGRESS_EVERY seconds while output grows, and every PROGRESS_PACE
@@ -172,14 +172,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     """
     started = boottime()
     if spare is not None:
-        leader, group = spare[0].leader, spare[0].group
-        try:
-            spare[0].go(spare[1], bool(request.input))
-        except BaseException:  # its loader ended meanwhile (killed from outside): nothing ran
-            _abandon(leader)
-            if group is not None:
-                _keep_or_remove_soon(group)
-            raise
+        leader, group = spare.leader, spare.group
     else:
         leader, group = _spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
     try:

@@ -150,7 +150,7 @@ def read_answer(chunk: ReadChunk, asked: int | None, settings: Serve) -> ToolRes
     dropped = record.get("dropped") or 0
     if dropped:
         structured["dropped"] = dropped
-    header = " · ".join([record["id"], record["state"], f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
+    header = " · ".join([record["id"], how_it_ended(record), f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
                          *_read_notes(chunk, asked, dropped, settings)])
     return ToolResult(header + "\n" + text, structured, header=True)
 

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import clean_env, require_sandbox, text_of
-from up_harness import Up, ensure_tester, running_as_root, start_up, stop_background, kill_tagged
+from up_harness import META, Up, ensure_tester, running_as_root, start_up, stop_background, kill_tagged
 
 from linkrun import agent, config
 from linkrun.front import command_answer
+from linkrun.messages import told
 from linkrun.sandboxing import cgroups, fallback, sandbox
 from linkrun.processes.group import kill_init
 from linkrun.sandboxing.launch import Sandbox, prepare
@@ -78,12 +81,20 @@ def as_user(tmp_path, request):
     runtime = request.getfixturevalue("readable_runtime") if running_as_root() else None
     started: list[Up] = []
 
-    def start(limits: str) -> Up:
+    def start(limits: str, spec: str = "") -> Up:
         if running_as_root():  # not under /tmp, and where the tester may write
             workdir = Path(tempfile.mkdtemp(prefix="lnk-test-", dir=ensure_tester().pw_dir))
         else:
             workdir = tmp_path / f"up{len(started)}"
             workdir.mkdir()
+        if spec:  # the agent's own spec, kept in its folder as if an earlier up had kept it
+            config = workdir / "agent" / "Config"
+            config.mkdir(parents=True)
+            (config / "spec.toml").write_text(spec)
+            if running_as_root():
+                tester = ensure_tester()
+                for path in (workdir / "agent", config, config / "spec.toml"):
+                    os.chown(path, tester.pw_uid, tester.pw_gid)
         up = start_up("user", workdir, runtime, limits_file(limits))
         started.append(up)
         return up
@@ -196,6 +207,21 @@ def test_without_a_cgroup_a_spinner_past_its_cpu_time_is_killed_and_the_answer_s
     assert value["limit"] == "cpu", text_of(result)
     assert value["limits"]["cpu"] == {"at_most": 1, "holds": "per process"}
     assert "[it reached its CPU time of 2 s a process: the kernel killed it with SIGXCPU]" in text_of(result)
+
+
+def test_without_a_cgroup_a_background_spinner_past_its_cpu_time_is_killed_and_list_read_and_told_say_so(as_user):
+    # 2% of a core over the longest background run (100 s): 2 s of CPU time a process.
+    up = as_user('cpu = "2%"', spec='[tool.run]\nbackground_timeout = "100s"\n')
+    spinner = up.start("python3", "-c", SPIN)
+    up.wait_ended(spinner, timeout=90)
+    listed = up.server.call("list", {}, meta=META)
+    entry = next(e for e in listed["structuredContent"]["commands"] if e["id"] == spinner)
+    assert entry["limit"] == "cpu" and entry["exit"] == 128 + signal.SIGXCPU, entry
+    assert "killed at its CPU time (SIGXCPU)" in text_of(listed)
+    _, text = up.read(spinner)
+    assert f"{spinner} · exited (exit {128 + signal.SIGXCPU}), killed at its CPU time (SIGXCPU)" in text
+    record = orjson.loads((up.state / f"{spinner}.json").read_bytes())
+    assert "it used up its CPU time, and the kernel killed it with SIGXCPU" in told.told_text(record, b"")
 
 
 def test_without_a_cgroup_the_instructions_promise_only_what_holds(as_user):

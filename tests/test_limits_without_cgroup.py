@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import jsonschema
 import orjson
 import pytest
 from conftest import clean_env, require_sandbox, text_of
@@ -233,6 +234,9 @@ def test_without_a_cgroup_the_instructions_promise_only_what_holds(as_user):
     assert "120 s of CPU time in each process" in instructions, instructions
     result = up.command("sh", "-c", "echo hello")
     assert result["structuredContent"]["limit"] is None
+    tools = up.server.request("tools/list", {}, timeout=60)["result"]["tools"]
+    schema = next(tool["outputSchema"] for tool in tools if tool["name"] == "command")
+    jsonschema.validate(result["structuredContent"], schema)  # `limits` is declared, as the clients check
     assert result["structuredContent"]["limits"] == {
         "memory": {"at_most": 256 * MIB, "holds": "per process"},
         "tasks": {"at_most": 64, "holds": "per call"},

@@ -140,8 +140,9 @@ def limit_text(limit: str, held: Holding | None) -> str:
     """The limit that bit, in words, for a call's answer."""
     limits = held.limits if held is not None else None
     by_rlimit = held is not None and limit in held.by_rlimit
-    if limit == "cpu" and held is not None:
-        return f"[it reached its CPU time of {held.cpu_seconds} s a process: the kernel killed it with SIGXCPU]"
+    if limit == "cpu":
+        seconds = f" of {held.cpu_seconds} s" if held is not None and "cpu" in held.by_rlimit else ""
+        return f"[it reached its CPU time{seconds} a process: the kernel killed it with SIGXCPU]"
     if limit == "memory":
         size = f" of {describe_size(limits.memory)}" if limits is not None and limits.memory else ""
         if by_rlimit:

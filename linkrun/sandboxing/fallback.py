@@ -94,6 +94,15 @@ class Holding:
             found.append((resource.RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds + 1))
         return tuple(found)
 
+    def with_rlimits(self, given: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
+        """`given` (resource, soft, hard) with this call's rlimits: the lower of two for one resource
+        (the fork-bomb brake and the task limit are both RLIMIT_NPROC)."""
+        lowest: dict[int, tuple[int, int]] = {}
+        for which, soft, hard in given + self.rlimits():
+            before = lowest.get(which)
+            lowest[which] = (soft, hard) if before is None else (min(before[0], soft), min(before[1], hard))
+        return tuple((which, soft, hard) for which, (soft, hard) in lowest.items())
+
     def structured(self) -> dict[str, dict[str, object]]:
         """For the answer's structured value: each limit set, its value, and how it holds here."""
         return {name: {"at_most": getattr(self.limits, name), "holds": self.holds(name)}

@@ -21,7 +21,7 @@ from .sandboxing import hostfacts, sandbox
 from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
 from .sandboxing.launch import Sandbox, prepare
-from .units import describe_size
+from .units import cores, describe_size
 
 Check = tuple[str, str, str]  # (level: ok, warn or FAIL; what; how to fix it)
 
@@ -304,7 +304,6 @@ def _fork_brake_check(host: hostfacts.Host) -> Check:
 def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest: int | None = None) -> Iterator[Check]:
     """Which per-call limits hold here and how: each call in a cgroup of its own,
     else an rlimit inside its sandbox (fallback.py), and why the others do not."""
-    from .front.command_answer import cores
     from .sandboxing import cgroups, fallback  # here: up imports this module, and its start needs none of it
 
     place = cgroups.find()

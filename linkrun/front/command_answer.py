@@ -12,7 +12,7 @@ from ..processes.capture import Capture
 from ..processes.child import signal_name
 from ..config import Serve
 from ..processes.runner import Outcome
-from ..units import describe_size, format_duration, killed_by_note
+from ..units import cores, describe_size, format_duration, killed_by_note
 
 if TYPE_CHECKING:
     from ..sandboxing.cgroups import Place
@@ -98,11 +98,6 @@ def _shown(capture: Capture) -> str:
     # One final newline is the stream's own ending, not a line of its own.
     parts[-1] = parts[-1].removesuffix("\n")
     return "\n".join(parts)
-
-
-def cores(cpu: int) -> str:
-    """A CPU cap in words: 100 → "1 core's worth", 150 → "1.5 cores' worth"."""
-    return "1 core's worth" if cpu == 100 else f"{cpu / 100:g} cores' worth"
 
 
 def limits_sentence(held: Holding) -> str:

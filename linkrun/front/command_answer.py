@@ -124,9 +124,13 @@ def limits_sentence(held: Holding) -> str:
 def limit_warnings(held: Holding, place: Place) -> list[str]:
     """One line for each limit that this machine holds through no cgroup, with how it holds and what to do."""
     names = {"memory": "memory", "pids": "tasks", "cpu": "cpu"}
-    how = {PER_PROCESS: "holds for each process alone (an rlimit)", PER_CALL: "holds through an rlimit",
-           NOT_HELD: "does not hold"}
-    return [f"the per-call {names[controller]} limit {how[held.holds(names[controller])]} here "
+    how = {"memory": "holds for each process alone (RLIMIT_DATA)", "tasks": "holds for the call (RLIMIT_NPROC)",
+           "cpu": "holds as CPU time for each process, not as a cap (RLIMIT_CPU)"}
+
+    def held_how(name: str) -> str:
+        return how[name] if name in held.by_rlimit else "does not hold"
+
+    return [f"the per-call {names[controller]} limit {held_how(names[controller])} here "
             f"({place.missing.get(controller, 'no cgroup')}): run lnk-link-run doctor for the fix"
             for controller in held.limits.controllers() if names[controller] not in held.by_cgroup]
 

@@ -231,7 +231,7 @@ def test_without_a_cgroup_the_instructions_promise_only_what_holds(as_user):
     assert "past its memory it is killed" not in instructions
     assert "at most 256M of memory in each process (past it an allocation fails" in instructions, instructions
     assert "64 processes and threads at once (past them a fork fails)" in instructions, instructions
-    assert "120 s of CPU time in each process" in instructions, instructions
+    assert "120 s of CPU time in each process, 3600 s in a background command" in instructions, instructions
     result = up.command("sh", "-c", "echo hello")
     assert result["structuredContent"]["limit"] is None
     tools = up.server.request("tools/list", {}, timeout=60)["result"]["tools"]

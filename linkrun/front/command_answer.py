@@ -6,6 +6,7 @@ serve's log.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from ..processes.capture import Capture
@@ -100,8 +101,9 @@ def _shown(capture: Capture) -> str:
     return "\n".join(parts)
 
 
-def limits_sentence(held: Holding) -> str:
-    """The agent's instructions on its per-call limits: exactly those that hold here, and how."""
+def limits_sentence(held: Holding, background_timeout: int | None = None) -> str:
+    """The agent's instructions on its per-call limits: exactly those that hold here, and how
+    (`background_timeout`: with background commands, whose CPU time spans their longest run)."""
     limits, parts = held.limits, []
     if limits.memory is not None and "memory" not in held.not_held:
         parts.append(f"{describe_size(limits.memory)} of memory (past it the call is killed)"
@@ -111,9 +113,11 @@ def limits_sentence(held: Holding) -> str:
     if limits.tasks is not None and "tasks" not in held.not_held:
         parts.append(f"{limits.tasks} processes and threads at once (past them a fork fails)")
     if limits.cpu is not None and "cpu" not in held.not_held:
+        background = (f", {dataclasses.replace(held, longest=background_timeout).cpu_seconds} s in a background "
+                      "command" if background_timeout else "")
         parts.append(f"{cores(limits.cpu)} of CPU (past it the call is slowed)" if "cpu" in held.by_cgroup else
-                     f"{held.cpu_seconds} s of CPU time in each process ({cores(limits.cpu)} over the longest "
-                     "run; past it the process is killed)")
+                     f"{held.cpu_seconds} s of CPU time in each process{background} ({cores(limits.cpu)} over the "
+                     "longest run; past it the process is killed)")
     words = {"memory": "memory", "tasks": "processes", "cpu": "CPU"}
     sentence = ("Each call may use at most " + "; ".join(parts) + ". ") if parts else ""
     if held.not_held:

@@ -178,8 +178,9 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     # Before the first `up`: every check `up` runs, in a scratch agent's
     # folder beside where the agent's will be (the same file system), removed after.
     scratch = _scratch_root(folder.root)
-    yield "ok", f"the agent's folder {folder.root} does not exist yet (lnk-link-run up creates it): the checks " \
-        f"below ran in a scratch folder, {scratch}, removed after", ""
+    missing = "has no Files/ yet" if os.path.isdir(folder.root) else "does not exist yet"
+    yield "ok", f"the agent's folder {folder.root} {missing} (lnk-link-run up makes it): the checks below ran " \
+        f"in a scratch folder, {scratch}, removed after", ""
     try:
         yield from _agent_checks(agent_folder.create(scratch), settings, environ, host)
     finally:

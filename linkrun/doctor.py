@@ -176,8 +176,13 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         yield from _agent_checks(folder, settings, environ, host)
         return
     # Before the first `up`: every check `up` runs, in a scratch agent's
-    # folder beside where the agent's will be (the same file system), removed after.
-    scratch = _scratch_root(folder.root)
+    # folder where the agent's will be made (the same file system), removed after.
+    parent = _nearest_folder(folder.root)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        yield "FAIL", f"the agent's folder {folder.root} cannot be made: {parent} may not be written", \
+            "give up --agent a folder where you may write, such as under your home"
+        return
+    scratch = tempfile.mkdtemp(prefix=".lnk-doctor-", dir=parent)
     missing = "has no Files/ yet" if os.path.isdir(folder.root) else "does not exist yet"
     yield "ok", f"the agent's folder {folder.root} {missing} (lnk-link-run up makes it): the checks below ran " \
         f"in a scratch folder, {scratch}, removed after", ""
@@ -187,13 +192,12 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _scratch_root(root: str) -> str:
-    """A new folder in the nearest folder of `root` that exists and may be written (else the temporary folder)."""
+def _nearest_folder(root: str) -> str:
+    """The nearest folder above `root` that exists: where `up` would make it."""
     parent = os.path.dirname(os.path.abspath(root))
     while not os.path.isdir(parent) and parent != os.path.dirname(parent):
         parent = os.path.dirname(parent)
-    where = parent if os.access(parent, os.W_OK | os.X_OK) else None
-    return tempfile.mkdtemp(prefix=".lnk-doctor-", dir=where)
+    return parent
 
 
 def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],

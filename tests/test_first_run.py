@@ -214,3 +214,12 @@ def test_a_call_without_a_program_says_it_is_missing(up_as):
     result = up_as.server.call("command", {"args": ["x"]}, timeout=60)
     assert result.get("isError"), result
     assert text_of(result).startswith("Refused: program is missing;"), text_of(result)
+
+
+def test_doctor_before_the_first_up_fails_where_the_agents_folder_cannot_be_made(who):
+    run, folder = who
+    if os.access("/", os.W_OK) and os.stat(folder).st_uid == os.geteuid():
+        pytest.skip("whoever may write / may make the agent's folder anywhere: the user variant shows it")
+    done = run("doctor", "--agent", "/lnk-no-such-place/agent")
+    assert done.returncode == 1, done.stdout
+    assert "FAIL the agent's folder /lnk-no-such-place/agent cannot be made: / may not be written" in done.stdout

@@ -313,8 +313,7 @@ def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest
 
     place = cgroups.find()
     held = fallback.holding(limits, place, longest)
-    size = describe_size(limits.memory or 0)
-    described = {"memory": f"memory {size}", "tasks": f"tasks {limits.tasks}", "cpu": f"cpu {limits.cpu}%"}
+    described = {"memory": f"memory {describe_size(limits.memory or 0)}", "tasks": f"tasks {limits.tasks}", "cpu": f"cpu {limits.cpu}%"}
     if held.by_cgroup:
         yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \
             ", ".join(described[name] for name in held.by_cgroup), ""
@@ -329,10 +328,10 @@ def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest
     for name in rest:
         why = place.missing[CONTROLLERS[name]]
         if name == "memory" and name in held.by_rlimit:
-            yield "warn", f"per-call memory limit {size} holds for each process alone, not for the call: an " \
-                f"rlimit (RLIMIT_DATA) past which an allocation fails, as {why}", fix
+            yield "warn", f"per-call memory limit {describe_size(held.at_most('memory'))} holds for each process " \
+                f"alone, not for the call: an rlimit (RLIMIT_DATA) past which an allocation fails, as {why}", fix
         elif name == "tasks" and name in held.by_rlimit:
-            yield "ok", f"per-call tasks limit {limits.tasks} holds for the call: an rlimit (RLIMIT_NPROC) that " \
+            yield "ok", f"per-call tasks limit {held.at_most('tasks')} holds for the call: an rlimit (RLIMIT_NPROC) that " \
                 f"counts the call's own user namespace, as {why}", ""
         elif name == "cpu" and name in held.by_rlimit:
             yield "warn", f"per-call cpu limit {cores(limits.cpu or 0)} holds as CPU time for each process: " \

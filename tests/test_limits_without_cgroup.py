@@ -265,3 +265,30 @@ def test_doctor_says_how_each_limit_holds_for_a_user_without_a_cgroup(request):
         "ok per-call tasks limit 64 holds for the call",
         "warn per-call cpu limit 1.5 cores' worth holds as CPU time for each process"], lines
     assert all("->" in line for line in lines)
+
+
+CLAMPED = """
+import resource
+from linkrun import config
+from linkrun.sandboxing import cgroups, fallback
+resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
+resource.setrlimit(resource.RLIMIT_CPU, (50, 50))
+nowhere = cgroups.Place(0, {}, {})
+held = fallback.holding(config.Limits(memory=4 << 30, tasks=64, cpu=100), nowhere, longest=120, euid=1000)
+print(sorted(held.rlimits()))
+"""
+
+
+def test_an_rlimit_is_never_asked_above_the_hard_limit_this_user_has():
+    # Raising a hard limit needs a privilege: asked for, every call would be refused.
+    done = subprocess.run([sys.executable, "-I", "-c", CLAMPED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sorted([(resource.RLIMIT_DATA, 1 << 30, 1 << 30),
+                                              (resource.RLIMIT_NPROC, 64, 64),
+                                              (resource.RLIMIT_CPU, 50, 50)]))
+    told_here = subprocess.run([sys.executable, "-I", "-c", CLAMPED.replace(
+        "print(sorted(held.rlimits()))", "from linkrun.front import command_answer\n"
+        "print(held.structured()['memory'], command_answer.limits_sentence(held))")],
+        capture_output=True, text=True, timeout=60)
+    assert f"{{'at_most': {1 << 30}, 'holds': 'per process'}}" in told_here.stdout, told_here.stdout
+    assert "1G of memory in each process" in told_here.stdout and "50 s of CPU time" in told_here.stdout

@@ -106,12 +106,12 @@ def limits_sentence(held: Holding, background_timeout: int | None = None) -> str
     (`background_timeout`: with background commands, whose CPU time spans their longest run)."""
     limits, parts = held.limits, []
     if limits.memory is not None and "memory" not in held.not_held:
-        parts.append(f"{describe_size(limits.memory)} of memory (past it the call is killed)"
-                     if held.holds("memory") == PER_CALL else
-                     f"{describe_size(limits.memory)} of memory in each process (past it an allocation fails; "
-                     "its processes together may use more)")
+        size = describe_size(held.at_most("memory"))
+        parts.append(f"{size} of memory (past it the call is killed)" if held.holds("memory") == PER_CALL else
+                     f"{size} of memory in each process (past it an allocation fails; its processes together may "
+                     "use more)")
     if limits.tasks is not None and "tasks" not in held.not_held:
-        parts.append(f"{limits.tasks} processes and threads at once (past them a fork fails)")
+        parts.append(f"{held.at_most('tasks')} processes and threads at once (past them a fork fails)")
     if limits.cpu is not None and "cpu" not in held.not_held:
         background = (f", {dataclasses.replace(held, longest=background_timeout).cpu_seconds} s in a background "
                       "command" if background_timeout else "")
@@ -141,16 +141,15 @@ def limit_warnings(held: Holding, place: Place) -> list[str]:
 
 def limit_text(limit: str, held: Holding | None) -> str:
     """The limit that bit, in words, for a call's answer."""
-    limits = held.limits if held is not None else None
     by_rlimit = held is not None and limit in held.by_rlimit
     if limit == "cpu":
         seconds = f" of {held.cpu_seconds} s" if held is not None and "cpu" in held.by_rlimit else ""
         return f"[it reached its CPU time{seconds} a process: the kernel killed it with SIGXCPU]"
     if limit == "memory":
-        size = f" of {describe_size(limits.memory)}" if limits is not None and limits.memory else ""
+        size = f" of {describe_size(held.at_most('memory'))}" if held is not None and held.limits.memory else ""
         if by_rlimit:
             return (f"[it likely reached its memory limit{size} a process: an allocation failed (no cgroup here: "
                     "the limit holds for each process alone)]")
         return f"[it reached its memory limit{size}: the out-of-memory killer killed it]"
-    count = f" of {limits.tasks}" if limits is not None and limits.tasks else ""
+    count = f" of {held.at_most('tasks')}" if held is not None and held.limits.tasks else ""
     return f"[it {'likely ' if by_rlimit else ''}reached its limit{count} tasks: a fork or a new thread was refused]"

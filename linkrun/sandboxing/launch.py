@@ -387,7 +387,7 @@ def _limits_without_exec(sandbox: Sandbox, fixed: list[str], launch: Launch, par
     launch.holding = sandbox.holding
     if launch.holding is not None and launch.holding.by_rlimit:
         launch.rlimits = launch.holding.with_rlimits(launch.rlimits)
-    if not launch.rlimits:
+    if not length and not launch.rlimits:
         return fixed
     part += _hold_program(launch)
     return fixed[length:]

@@ -22,7 +22,7 @@ from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
 from .invocation import typed
 from .sandboxing.launch import Sandbox, prepare
-from .units import describe_size
+from .units import cores, describe_size
 
 Check = tuple[str, str, str]  # (level: ok, warn or FAIL; what; how to fix it)
 
@@ -177,23 +177,28 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         yield from _agent_checks(folder, settings, environ, host)
         return
     # Before the first `up`: every check `up` runs, in a scratch agent's
-    # folder beside where the agent's will be (the same file system), removed after.
-    scratch = _scratch_root(folder.root)
-    yield "ok", f"the agent's folder {folder.root} does not exist yet ({typed('up')} creates it): the checks " \
-        f"below ran in a scratch folder, {scratch}, removed after", ""
+    # folder where the agent's will be made (the same file system), removed after.
+    parent = _nearest_folder(folder.root)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        yield "FAIL", f"the agent's folder {folder.root} cannot be made: {parent} may not be written", \
+            "give up --agent a folder where you may write, such as under your home"
+        return
+    scratch = tempfile.mkdtemp(prefix=".lnk-doctor-", dir=parent)
+    missing = "has no Files/ yet" if os.path.isdir(folder.root) else "does not exist yet"
+    yield "ok", f"the agent's folder {folder.root} {missing} ({typed('up')} makes it): the checks below ran " \
+        f"in a scratch folder, {scratch}, removed after", ""
     try:
         yield from _agent_checks(agent_folder.create(scratch), settings, environ, host)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _scratch_root(root: str) -> str:
-    """A new folder in the nearest folder of `root` that exists and may be written (else the temporary folder)."""
+def _nearest_folder(root: str) -> str:
+    """The nearest folder above `root` that exists: where `up` would make it."""
     parent = os.path.dirname(os.path.abspath(root))
     while not os.path.isdir(parent) and parent != os.path.dirname(parent):
         parent = os.path.dirname(parent)
-    where = parent if os.access(parent, os.W_OK | os.X_OK) else None
-    return tempfile.mkdtemp(prefix=".lnk-doctor-", dir=where)
+    return parent
 
 
 def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
@@ -305,13 +310,11 @@ def _fork_brake_check(host: hostfacts.Host) -> Check:
 def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest: int | None = None) -> Iterator[Check]:
     """Which per-call limits hold here and how: each call in a cgroup of its own,
     else an rlimit inside its sandbox (fallback.py), and why the others do not."""
-    from .front.command_answer import cores
     from .sandboxing import cgroups, fallback  # here: up imports this module, and its start needs none of it
 
     place = cgroups.find()
     held = fallback.holding(limits, place, longest)
-    size = describe_size(limits.memory or 0)
-    described = {"memory": f"memory {size}", "tasks": f"tasks {limits.tasks}", "cpu": f"cpu {limits.cpu}%"}
+    described = {"memory": f"memory {describe_size(limits.memory or 0)}", "tasks": f"tasks {limits.tasks}", "cpu": f"cpu {limits.cpu}%"}
     if held.by_cgroup:
         yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \
             ", ".join(described[name] for name in held.by_cgroup), ""
@@ -326,10 +329,10 @@ def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest
     for name in rest:
         why = place.missing[CONTROLLERS[name]]
         if name == "memory" and name in held.by_rlimit:
-            yield "warn", f"per-call memory limit {size} holds for each process alone, not for the call: an " \
-                f"rlimit (RLIMIT_DATA) past which an allocation fails, as {why}", fix
+            yield "warn", f"per-call memory limit {describe_size(held.at_most('memory'))} holds for each process " \
+                f"alone, not for the call: an rlimit (RLIMIT_DATA) past which an allocation fails, as {why}", fix
         elif name == "tasks" and name in held.by_rlimit:
-            yield "ok", f"per-call tasks limit {limits.tasks} holds for the call: an rlimit (RLIMIT_NPROC) that " \
+            yield "ok", f"per-call tasks limit {held.at_most('tasks')} holds for the call: an rlimit (RLIMIT_NPROC) that " \
                 f"counts the call's own user namespace, as {why}", ""
         elif name == "cpu" and name in held.by_rlimit:
             yield "warn", f"per-call cpu limit {cores(limits.cpu or 0)} holds as CPU time for each process: " \

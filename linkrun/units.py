@@ -50,6 +50,11 @@ def describe_size(size: int) -> str:
     return f"{size} bytes"
 
 
+def cores(cpu: int) -> str:
+    """A CPU cap in percent of one core, in words: 100 → "1 core's worth", 150 → "1.5 cores' worth"."""
+    return "1 core's worth" if cpu == 100 else f"{cpu / 100:g} cores' worth"
+
+
 def killed_by_note(status: object) -> str:
     """For an exit status of 128+N where N names a signal, what a shell's status means:
     " (128+9: the program may have been killed by SIGKILL)"; else ""."""

@@ -20,10 +20,50 @@ from .network import internet
 from .sandboxing import etcview, hostfacts, sandbox, seccomp
 from .messages.address import parse_address
 from .config import Flags, WayInFlags, parse_duration, parse_size, split_flags, way_in_flags
+from .invocation import typed
 from .errors import LinkRunError, UsageError
 
 USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
          "[--way-in ADDR --as ID [--keyring DIR] | --no-way-in] [--route PROXY]")
+
+
+def _help() -> str:
+    """`up --help`: what it is, and each flag with its default (the spec's from the embedded defaults)."""
+    run = sandbox.defaults()["run"]
+    spec = ", ".join(f"{key} {run[key]}" for key in RUN_KEYS)
+    return f"""usage: {USAGE}
+
+Start an agent's MCP server over stdio, as Link does at an agent's start. An
+MCP client starts it and speaks to it on its input and output (docs/clients.md);
+in a terminal it only waits. It makes the agent's folder when missing, checks
+the sandbox as `lnk-link-run doctor` does, and serves: a `command` tool that
+runs programs, each call in a sandbox of its own.
+
+  --agent DIR      the agent's folder: Config/ (its sandbox file and spec),
+                   Agent/, Home/, Files/ (the files folder calls run in),
+                   State/ (default: $XDG_DATA_HOME/linkrun/agents/main, that
+                   is ~/.local/share/linkrun/agents/main)
+  --sandbox FILE   the sandbox file to use (what calls may run, write and
+                   reach, and their limits), kept as Config/sandbox.toml
+                   (default: the agent's Config/sandbox.toml, which the first
+                   up writes with the embedded defaults)
+  --spec FILE      a spec whose [tool.run] sets the numbers, kept as
+                   Config/spec.toml (default: the agent's Config/spec.toml,
+                   else {spec})
+  --no-way-in      also offer background commands (start, list, read, stop)
+                   to a client that takes no messages: their ends are learnt
+                   with list and read (default: no background commands)
+  --way-in ADDR    offer background commands, whose ends are told as messages
+                   to Link's way in: http://127.0.0.1:<port>/<path> or
+                   unix:<socket path>
+  --as ID          the agent's id, which proves those messages (with --way-in)
+  --keyring DIR    the folder of the agent's key, <DIR>/<ID>.key (with
+                   --way-in; default: $LINK_KEYRING, else ~/.link/keyring)
+  --route PROXY    send the connections the sandbox file's [internet] allows
+                   through this proxy rather than directly (default: directly)
+"""
+
+
 _VALUED = {"--agent", "--sandbox", "--spec", "--way-in", "--as", "--keyring", "--route"}
 
 # [tool.run] key → (serve's flag, kind)
@@ -36,6 +76,8 @@ RUN_KEYS = {
     "background_keep": ("--background-keep", "duration"),
     "background_per_day": ("--background-per-day", "count"),
 }
+
+HELP = _help()  # the embedded defaults are read here once; up reads them anyway
 
 
 def run_settings(spec: Mapping, source: str) -> dict[str, str]:
@@ -232,6 +274,7 @@ def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     command, check = _plan(argv, os.environ)
+    _say_to_a_terminal(argv, os.environ)
     serve_at = command.index("serve") if "serve" in command else -1
     if command[0] == sys.executable and serve_at == 4:
         # serve in this process: the same program an exec would start, without
@@ -249,3 +292,14 @@ def main(argv: list[str]) -> int:
     sys.stderr.flush()
     os.execv(command[0], command)
     return 127  # not reached
+
+
+def _say_to_a_terminal(argv: list[str], environ: Mapping[str, str]) -> None:
+    """A person who started `up` in a terminal is told what it waits for; an MCP client's pipe gets nothing."""
+    if not os.isatty(0):
+        return
+    flags, _ = split_flags(argv, _VALUED, {"--no-way-in"}, set())  # checked already by the plan
+    folder = agent_folder.locate(flags.get("--agent") or agent_folder.default_root(environ))
+    print(f"lnk-link-run up: this is an MCP server over stdio, waiting for a client on its input: start it from "
+          f"an MCP client (docs/clients.md). The agent's folder is {folder.root}, its sandbox file "
+          f"{folder.sandbox_file}; {typed('doctor')} checks the setup. Ctrl-D ends it.", file=sys.stderr, flush=True)

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import select
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SERVER, clean_env, require_sandbox
+from conftest import SERVER, clean_env, require_sandbox, text_of
 from sandbox_helpers import outer_sandbox
 from up_harness import ensure_tester, running_as_root
 
@@ -126,3 +128,98 @@ def test_the_first_up_writes_the_sandbox_file_in_force_and_adding_a_program_to_i
     again = run("up", "--agent", str(agent), "--no-way-in")
     assert again.returncode == 0, again.stderr
     assert "id" in written.read_text().split("allow")[1].split("]")[0]  # a second up keeps the user's file
+
+
+# -- what the commands say to a person ------------------------------------------------------
+
+
+def first_line(fd: int, timeout: float) -> str:
+    """The first line written to the pipe `fd`, read as it comes, within `timeout` seconds ("" at the deadline)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in data and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").split("\n")[0]
+
+
+def test_up_started_in_a_terminal_says_it_waits_for_an_mcp_client_and_where_its_setup_is(tmp_path):
+    require_sandbox()
+    env = clean_env(HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "data"))
+    agent = tmp_path / "agent"
+    controller, terminal = os.openpty()
+    try:
+        up = subprocess.Popen([*SERVER, "up", "--agent", str(agent)], stdin=terminal, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    finally:
+        os.close(terminal)
+    try:
+        assert up.stderr is not None
+        first = first_line(up.stderr.fileno(), timeout=60)  # said before it waits
+        assert "an MCP server over stdio" in first and "waiting for a client" in first, first
+        assert str(agent) in first and str(agent / "Config" / "sandbox.toml") in first, first
+    finally:
+        os.close(controller)  # the terminal hangs up: its input ends
+        up.communicate(timeout=60)
+    piped = subprocess.run([*SERVER, "up", "--agent", str(agent)], stdin=subprocess.DEVNULL, capture_output=True,
+                           env=env, cwd=tmp_path, timeout=120)
+    assert b"waiting for a client" not in piped.stderr  # a client's pipe: nothing but the protocol
+
+
+def test_up_help_explains_each_flag_with_its_default():
+    done = subprocess.run([*SERVER, "up", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    for flag in ("--agent DIR", "--sandbox FILE", "--spec FILE", "--no-way-in", "--way-in ADDR", "--as ID",
+                 "--keyring DIR", "--route PROXY"):
+        row = next((line for line in lines if line.strip().startswith(flag)), None)
+        assert row is not None and len(row.split(flag, 1)[1].strip()) > 20, (flag, done.stdout)
+    text = " ".join(done.stdout.split())
+    assert "default: $XDG_DATA_HOME/linkrun/agents/main" in text
+    assert "timeout 2m" in text and "output 16K" in text  # the spec's defaults, from the embedded ones
+    assert "MCP client" in text
+
+
+def test_stop_and_remove_given_the_agents_folder_or_a_missing_folder_say_so_and_touch_nothing(who):
+    run, folder = who
+    agent = folder / "agent"
+    assert run("up", "--agent", str(agent), "--no-way-in").returncode == 0  # makes the agent's folder
+    for command in ("stop", "remove"):
+        wrong = run(command, "--state", str(agent))
+        assert wrong.returncode == 1, wrong.stderr
+        assert f"{agent} is an agent's folder, not its state folder" in wrong.stderr, wrong.stderr
+        assert f"--state {agent / 'State'}" in wrong.stderr
+        missing = run(command, "--state", str(folder / "nonexistent" / "State"))
+        assert missing.returncode == 1 and "no such folder" in missing.stderr, missing.stderr
+    assert (agent / "Files" / "work").is_dir() and (agent / "State").is_dir()  # nothing of it removed
+    assert run("stop", "--state", str(agent / "State")).returncode == 0
+    assert run("remove", "--state", str(agent / "State")).returncode == 0
+    again = run("remove", "--state", str(agent / "State"))  # twice is safe: removed already
+    assert again.returncode == 0, again.stderr
+    assert not (agent / "State").exists() and (agent / "Files").is_dir()
+
+
+def test_read_of_an_ended_background_command_says_how_it_ended(up_as):
+    command_id = up_as.start("sh", "-c", "echo done; exit 3")
+    up_as.wait_ended(command_id)
+    value, text = up_as.read(command_id)
+    header = text.splitlines()[0]
+    assert header.startswith(f"{command_id} · exited (exit 3) · bytes 0–5 of 5"), header
+    assert value["state"] == "exited"
+
+
+def test_a_call_without_a_program_says_it_is_missing(up_as):
+    result = up_as.server.call("command", {"args": ["x"]}, timeout=60)
+    assert result.get("isError"), result
+    assert text_of(result).startswith("Refused: program is missing;"), text_of(result)
+
+
+def test_doctor_before_the_first_up_fails_where_the_agents_folder_cannot_be_made(who):
+    run, folder = who
+    if os.access("/", os.W_OK) and os.stat(folder).st_uid == os.geteuid():
+        pytest.skip("whoever may write / may make the agent's folder anywhere: the user variant shows it")
+    done = run("doctor", "--agent", "/lnk-no-such-place/agent")
+    assert done.returncode == 1, done.stdout
+    assert "FAIL the agent's folder /lnk-no-such-place/agent cannot be made: / may not be written" in done.stdout

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import jsonschema
+import orjson
 import pytest
 from conftest import clean_env, require_sandbox, text_of
-from up_harness import Up, ensure_tester, running_as_root, start_up, stop_background, kill_tagged
+from up_harness import META, Up, ensure_tester, running_as_root, start_up, stop_background, kill_tagged
 
 from linkrun import agent, config
 from linkrun.front import command_answer
+from linkrun.messages import told
 from linkrun.sandboxing import cgroups, fallback, sandbox
 from linkrun.processes.group import kill_init
 from linkrun.sandboxing.launch import Sandbox, prepare
@@ -78,12 +82,20 @@ def as_user(tmp_path, request):
     runtime = request.getfixturevalue("readable_runtime") if running_as_root() else None
     started: list[Up] = []
 
-    def start(limits: str) -> Up:
+    def start(limits: str, spec: str = "") -> Up:
         if running_as_root():  # not under /tmp, and where the tester may write
             workdir = Path(tempfile.mkdtemp(prefix="lnk-test-", dir=ensure_tester().pw_dir))
         else:
             workdir = tmp_path / f"up{len(started)}"
             workdir.mkdir()
+        if spec:  # the agent's own spec, kept in its folder as if an earlier up had kept it
+            config = workdir / "agent" / "Config"
+            config.mkdir(parents=True)
+            (config / "spec.toml").write_text(spec)
+            if running_as_root():
+                tester = ensure_tester()
+                for path in (workdir / "agent", config, config / "spec.toml"):
+                    os.chown(path, tester.pw_uid, tester.pw_gid)
         up = start_up("user", workdir, runtime, limits_file(limits))
         started.append(up)
         return up
@@ -198,15 +210,33 @@ def test_without_a_cgroup_a_spinner_past_its_cpu_time_is_killed_and_the_answer_s
     assert "[it reached its CPU time of 2 s a process: the kernel killed it with SIGXCPU]" in text_of(result)
 
 
+def test_without_a_cgroup_a_background_spinner_past_its_cpu_time_is_killed_and_list_read_and_told_say_so(as_user):
+    # 2% of a core over the longest background run (100 s): 2 s of CPU time a process.
+    up = as_user('cpu = "2%"', spec='[tool.run]\nbackground_timeout = "100s"\n')
+    spinner = up.start("python3", "-c", SPIN)
+    up.wait_ended(spinner, timeout=90)
+    listed = up.server.call("list", {}, meta=META)
+    entry = next(e for e in listed["structuredContent"]["commands"] if e["id"] == spinner)
+    assert entry["limit"] == "cpu" and entry["exit"] == 128 + signal.SIGXCPU, entry
+    assert "killed at its CPU time (SIGXCPU)" in text_of(listed)
+    _, text = up.read(spinner)
+    assert f"{spinner} · exited (exit {128 + signal.SIGXCPU}), killed at its CPU time (SIGXCPU)" in text
+    record = orjson.loads((up.state / f"{spinner}.json").read_bytes())
+    assert "it used up its CPU time, and the kernel killed it with SIGXCPU" in told.told_text(record, b"")
+
+
 def test_without_a_cgroup_the_instructions_promise_only_what_holds(as_user):
     up = as_user('memory = "256M"\ntasks = 64\ncpu = "100%"')
     instructions = instructions_of(up)
     assert "past its memory it is killed" not in instructions
     assert "at most 256M of memory in each process (past it an allocation fails" in instructions, instructions
     assert "64 processes and threads at once (past them a fork fails)" in instructions, instructions
-    assert "120 s of CPU time in each process" in instructions, instructions
+    assert "120 s of CPU time in each process, 3600 s in a background command" in instructions, instructions
     result = up.command("sh", "-c", "echo hello")
     assert result["structuredContent"]["limit"] is None
+    tools = up.server.request("tools/list", {}, timeout=60)["result"]["tools"]
+    schema = next(tool["outputSchema"] for tool in tools if tool["name"] == "command")
+    jsonschema.validate(result["structuredContent"], schema)  # `limits` is declared, as the clients check
     assert result["structuredContent"]["limits"] == {
         "memory": {"at_most": 256 * MIB, "holds": "per process"},
         "tasks": {"at_most": 64, "holds": "per call"},
@@ -235,3 +265,30 @@ def test_doctor_says_how_each_limit_holds_for_a_user_without_a_cgroup(request):
         "ok per-call tasks limit 64 holds for the call",
         "warn per-call cpu limit 1.5 cores' worth holds as CPU time for each process"], lines
     assert all("->" in line for line in lines)
+
+
+CLAMPED = """
+import resource
+from linkrun import config
+from linkrun.sandboxing import cgroups, fallback
+resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
+resource.setrlimit(resource.RLIMIT_CPU, (50, 50))
+nowhere = cgroups.Place(0, {}, {})
+held = fallback.holding(config.Limits(memory=4 << 30, tasks=64, cpu=100), nowhere, longest=120, euid=1000)
+print(sorted(held.rlimits()))
+"""
+
+
+def test_an_rlimit_is_never_asked_above_the_hard_limit_this_user_has():
+    # Raising a hard limit needs a privilege: asked for, every call would be refused.
+    done = subprocess.run([sys.executable, "-I", "-c", CLAMPED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sorted([(resource.RLIMIT_DATA, 1 << 30, 1 << 30),
+                                              (resource.RLIMIT_NPROC, 64, 64),
+                                              (resource.RLIMIT_CPU, 50, 50)]))
+    told_here = subprocess.run([sys.executable, "-I", "-c", CLAMPED.replace(
+        "print(sorted(held.rlimits()))", "from linkrun.front import command_answer\n"
+        "print(held.structured()['memory'], command_answer.limits_sentence(held))")],
+        capture_output=True, text=True, timeout=60)
+    assert f"{{'at_most': {1 << 30}, 'holds': 'per process'}}" in told_here.stdout, told_here.stdout
+    assert "1G of memory in each process" in told_here.stdout and "50 s of CPU time" in told_here.stdout

@@ -20,7 +20,7 @@ from ..messages import telling
 from .records import State, Told
 from .outfile import measure
 from ..config import split_flags, way_in_flags
-from ..errors import UsageError
+from ..errors import LinkRunError, UsageError
 from ..invocation import typed
 
 STOP_WAIT = 10.0
@@ -334,9 +334,31 @@ def stop_all(state: str, reason: str) -> list[str]:
     return running
 
 
+AGENT_PARTS = ("Files", "Config", "Agent", "State")  # an agent's folder holds them; a state folder never does
+
+
+def _state_folder(argv: list[str], command: str) -> str | None:
+    """--state, checked before anything is stopped or removed: an agent's
+    folder given for its state folder is refused (`remove` would delete the
+    agent's files), and so is a folder that does not exist, unless it is the
+    state folder of an agent's folder (removed already: None, nothing to do)."""
+    state = _state_flag(argv, command)
+    if any(os.path.isdir(os.path.join(state, part)) for part in AGENT_PARTS):
+        raise LinkRunError(f"{state} is an agent's folder, not its state folder",
+                           f"give its state folder: lnk-link-run {command} --state {os.path.join(state, 'State')}")
+    if os.path.isdir(state):
+        return state
+    parent = os.path.dirname(state)
+    if os.path.basename(state) == "State" and any(os.path.isdir(os.path.join(parent, p)) for p in AGENT_PARTS):
+        return None
+    raise LinkRunError(f"--state {state}: no such folder",
+                       "give the agent's state folder: State/ in the agent's folder")
+
+
 def main_stop(argv: list[str]) -> int:
-    state = _state_flag(argv, "stop")
-    if not os.path.isdir(state):
+    state = _state_folder(argv, "stop")
+    if state is None:
+        print("no state folder: no background command runs", file=sys.stderr)
         return 0
     stopped = stop_all(state, records.AGENT_STOPPING)
     print(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back",
@@ -345,8 +367,9 @@ def main_stop(argv: list[str]) -> int:
 
 
 def main_remove(argv: list[str]) -> int:
-    state = _state_flag(argv, "remove")
-    if not os.path.isdir(state):
+    state = _state_folder(argv, "remove")
+    if state is None:
+        print("no state folder: removed already, or never made", file=sys.stderr)
         return 0
     # Under start.lock: no start can slip in between the mark and the stop.
     with filing.hold(os.path.join(state, records.START_LOCK)), open(os.path.join(state, records.REMOVED), "w") as f:

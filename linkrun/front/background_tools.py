@@ -155,7 +155,7 @@ def read_answer(chunk: ReadChunk, asked: int | None, settings: Serve) -> ToolRes
     if dropped:
         structured["dropped"] = dropped
     notes = _read_notes(chunk, asked, dropped, settings)
-    header = " · ".join([record["id"], record["state"], f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
+    header = " · ".join([record["id"], how_it_ended(record), f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
                          *notes])
     return ToolResult(header + "\n" + text, structured, header=True, notes=notes)
 

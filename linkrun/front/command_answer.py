@@ -6,6 +6,7 @@ serve's log.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from ..processes.capture import Capture
@@ -13,7 +14,7 @@ from ..processes.child import signal_name
 from ..config import Serve
 from ..invocation import typed
 from ..processes.runner import Outcome
-from ..units import describe_size, format_duration, killed_by_note
+from ..units import cores, describe_size, format_duration, killed_by_note
 
 if TYPE_CHECKING:
     from ..sandboxing.cgroups import Place
@@ -114,25 +115,23 @@ def _shown(capture: Capture) -> str:
     return "\n".join(parts)
 
 
-def cores(cpu: int) -> str:
-    """A CPU cap in words: 100 → "1 core's worth", 150 → "1.5 cores' worth"."""
-    return "1 core's worth" if cpu == 100 else f"{cpu / 100:g} cores' worth"
-
-
-def limits_sentence(held: Holding) -> str:
-    """The agent's instructions on its per-call limits: exactly those that hold here, and how."""
+def limits_sentence(held: Holding, background_timeout: int | None = None) -> str:
+    """The agent's instructions on its per-call limits: exactly those that hold here, and how
+    (`background_timeout`: with background commands, whose CPU time spans their longest run)."""
     limits, parts = held.limits, []
     if limits.memory is not None and "memory" not in held.not_held:
-        parts.append(f"{describe_size(limits.memory)} of memory (past it the call is killed)"
-                     if held.holds("memory") == PER_CALL else
-                     f"{describe_size(limits.memory)} of memory in each process (past it an allocation fails; "
-                     "its processes together may use more)")
+        size = describe_size(held.at_most("memory"))
+        parts.append(f"{size} of memory (past it the call is killed)" if held.holds("memory") == PER_CALL else
+                     f"{size} of memory in each process (past it an allocation fails; its processes together may "
+                     "use more)")
     if limits.tasks is not None and "tasks" not in held.not_held:
-        parts.append(f"{limits.tasks} processes and threads at once (past them a fork fails)")
+        parts.append(f"{held.at_most('tasks')} processes and threads at once (past them a fork fails)")
     if limits.cpu is not None and "cpu" not in held.not_held:
+        background = (f", {dataclasses.replace(held, longest=background_timeout).cpu_seconds} s in a background "
+                      "command" if background_timeout else "")
         parts.append(f"{cores(limits.cpu)} of CPU (past it the call is slowed)" if "cpu" in held.by_cgroup else
-                     f"{held.cpu_seconds} s of CPU time in each process ({cores(limits.cpu)} over the longest "
-                     "run; past it the process is killed)")
+                     f"{held.cpu_seconds} s of CPU time in each process{background} ({cores(limits.cpu)} over the "
+                     "longest run; past it the process is killed)")
     words = {"memory": "memory", "tasks": "processes", "cpu": "CPU"}
     sentence = ("Each call may use at most " + "; ".join(parts) + ". ") if parts else ""
     if held.not_held:
@@ -143,24 +142,28 @@ def limits_sentence(held: Holding) -> str:
 def limit_warnings(held: Holding, place: Place) -> list[str]:
     """One line for each limit that this machine holds through no cgroup, with how it holds and what to do."""
     names = {"memory": "memory", "pids": "tasks", "cpu": "cpu"}
-    how = {PER_PROCESS: "holds for each process alone (an rlimit)", PER_CALL: "holds through an rlimit",
-           NOT_HELD: "does not hold"}
-    return [f"the per-call {names[controller]} limit {how[held.holds(names[controller])]} here "
+    how = {"memory": "holds for each process alone (RLIMIT_DATA)", "tasks": "holds for the call (RLIMIT_NPROC)",
+           "cpu": "holds as CPU time for each process, not as a cap (RLIMIT_CPU)"}
+
+    def held_how(name: str) -> str:
+        return how[name] if name in held.by_rlimit else "does not hold"
+
+    return [f"the per-call {names[controller]} limit {held_how(names[controller])} here "
             f"({place.missing.get(controller, 'no cgroup')}): run {typed('doctor')} for the fix"
             for controller in held.limits.controllers() if names[controller] not in held.by_cgroup]
 
 
 def limit_text(limit: str, held: Holding | None) -> str:
     """The limit that bit, in words, for a call's answer."""
-    limits = held.limits if held is not None else None
     by_rlimit = held is not None and limit in held.by_rlimit
-    if limit == "cpu" and held is not None:
-        return f"[it reached its CPU time of {held.cpu_seconds} s a process: the kernel killed it with SIGXCPU]"
+    if limit == "cpu":
+        seconds = f" of {held.cpu_seconds} s" if held is not None and "cpu" in held.by_rlimit else ""
+        return f"[it reached its CPU time{seconds} a process: the kernel killed it with SIGXCPU]"
     if limit == "memory":
-        size = f" of {describe_size(limits.memory)}" if limits is not None and limits.memory else ""
+        size = f" of {describe_size(held.at_most('memory'))}" if held is not None and held.limits.memory else ""
         if by_rlimit:
             return (f"[it likely reached its memory limit{size} a process: an allocation failed (no cgroup here: "
                     "the limit holds for each process alone)]")
         return f"[it reached its memory limit{size}: the out-of-memory killer killed it]"
-    count = f" of {limits.tasks}" if limits is not None and limits.tasks else ""
+    count = f" of {held.at_most('tasks')}" if held is not None and held.limits.tasks else ""
     return f"[it {'likely ' if by_rlimit else ''}reached its limit{count} tasks: a fork or a new thread was refused]"

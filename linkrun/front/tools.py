@@ -271,7 +271,8 @@ class Tools:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
                          "the rest is read-only, and chats/ and background/ are never writable.")
         if self.sandbox.holding is not None:
-            lines.append(limits_sentence(self.sandbox.holding))
+            background = s.background.timeout if "start" in self.table and s.background is not None else None
+            lines.append(limits_sentence(self.sandbox.holding, background))
         if "start" in self.table and s.background is not None:
             b = s.background
             if b.way_in is None:

@@ -60,6 +60,9 @@ _SIGNS = {
 }
 
 
+_RESOURCES = {"memory": resource.RLIMIT_DATA, "tasks": resource.RLIMIT_NPROC}
+
+
 @dataclass(frozen=True)
 class Holding:
     """How each of a call's limits holds here: through its cgroup, through an
@@ -80,10 +83,22 @@ class Holding:
     def cpu_seconds(self) -> int:
         """The cpu rlimit: the CPU time the cap allows one process over the longest run."""
         assert self.limits.cpu is not None and self.longest is not None  # only a cpu held by rlimit asks
-        return max(1, math.ceil(self.limits.cpu * self.longest / 100))
+        seconds = max(1, math.ceil(self.limits.cpu * self.longest / 100))
+        return _within_hard(resource.RLIMIT_CPU, seconds, seconds)[0]
+
+    def at_most(self, name: str) -> int:
+        """The limit `name` as it holds: an rlimit is never above this process's hard limit (cpu: its percent)."""
+        value = int(getattr(self.limits, name))
+        if name in self.by_rlimit and name in _RESOURCES:
+            return _within_hard(_RESOURCES[name], value, value)[0]
+        return value
 
     def rlimits(self) -> tuple[tuple[int, int, int], ...]:
-        """(resource, soft, hard) to set on the sandbox's init for the limits no cgroup holds."""
+        """(resource, soft, hard) to set on the sandbox's init for the limits no cgroup holds,
+        each within this process's hard limit, which the init has (raising it needs a privilege)."""
+        return tuple((which, *_within_hard(which, soft, hard)) for which, soft, hard in self._wanted())
+
+    def _wanted(self) -> list[tuple[int, int, int]]:
         found: list[tuple[int, int, int]] = []
         if "memory" in self.by_rlimit and self.limits.memory is not None:
             found.append((resource.RLIMIT_DATA, self.limits.memory, self.limits.memory))
@@ -92,12 +107,28 @@ class Holding:
         if "cpu" in self.by_rlimit:
             # A second between: SIGXCPU at the soft limit says which limit bit, SIGKILL ends one that ignores it.
             found.append((resource.RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds + 1))
-        return tuple(found)
+        return found
+
+    def with_rlimits(self, given: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
+        """`given` (resource, soft, hard) with this call's rlimits: the lower of two for one resource
+        (the fork-bomb brake and the task limit are both RLIMIT_NPROC)."""
+        lowest: dict[int, tuple[int, int]] = {}
+        for which, soft, hard in given + self.rlimits():
+            before = lowest.get(which)
+            lowest[which] = (soft, hard) if before is None else (min(before[0], soft), min(before[1], hard))
+        return tuple((which, soft, hard) for which, (soft, hard) in lowest.items())
 
     def structured(self) -> dict[str, dict[str, object]]:
         """For the answer's structured value: each limit set, its value, and how it holds here."""
-        return {name: {"at_most": getattr(self.limits, name), "holds": self.holds(name)}
+        return {name: {"at_most": self.at_most(name), "holds": self.holds(name)}
                 for name in NAMES if getattr(self.limits, name) is not None}
+
+
+def _within_hard(which: int, soft: int, hard: int) -> tuple[int, int]:
+    current = resource.getrlimit(which)[1]
+    if current == resource.RLIM_INFINITY:
+        return soft, hard
+    return min(soft, current), min(hard, current)
 
 
 def _nproc_by_namespace(release: str) -> bool:

@@ -420,15 +420,11 @@ def _limits_without_exec(sandbox: Sandbox, fixed: list[str], launch: Launch, par
     launch sets on the sandbox's init itself while bwrap holds the program,
     with the call's limits that no cgroup holds here (fallback.py): the
     lower of two for one resource."""
-    length, rlimits = sandbox.prlimit_prefix
+    length, launch.rlimits = sandbox.prlimit_prefix
     launch.holding = sandbox.holding
-    extra = launch.holding.rlimits() if launch.holding is not None else ()
-    lowest: dict[int, tuple[int, int]] = {}
-    for which, soft, hard in rlimits + extra:
-        before = lowest.get(which)
-        lowest[which] = (soft, hard) if before is None else (min(before[0], soft), min(before[1], hard))
-    launch.rlimits = tuple((which, soft, hard) for which, (soft, hard) in lowest.items())
-    if not launch.rlimits:
+    if launch.holding is not None and launch.holding.by_rlimit:
+        launch.rlimits = launch.holding.with_rlimits(launch.rlimits)
+    if not length and not launch.rlimits:
         return fixed
     part += _hold_program(launch)
     return fixed[length:]

@@ -18,7 +18,9 @@ from contextlib import contextmanager
 
 import orjson
 
-SERVER = [sys.executable, "-I", "-m", "linkrun"]
+# As docs/clients.md starts it: the console script beside the interpreter (else the module).
+SCRIPT = os.path.join(os.path.dirname(sys.executable), "lnk-link-run")
+SERVER = [SCRIPT] if os.access(SCRIPT, os.X_OK) else [sys.executable, "-I", "-m", "linkrun"]
 INIT = orjson.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}}) + b"\n"
 TIMES = 100
@@ -64,7 +66,7 @@ def p99(samples: list[float]) -> float:
 
 
 def startup(files: str, row: Callable[..., None] | None = None) -> None:
-    print("startup: spawn → initialize answered (`up --no-way-in`, as docs/clients.md starts it)")
+    print(f"startup: spawn → initialize answered (`{os.path.basename(SERVER[0])} up --no-way-in`, as docs/clients.md starts it)")
     show = row or (lambda name, value, target="", baseline="": print(f"  {name:<52} {value:>18}   {target:<22} {baseline}"))
     agent = os.path.join(os.path.dirname(files), "agent-startup")
     argv = SERVER + ["up", "--agent", agent, "--no-way-in"]

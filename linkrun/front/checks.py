@@ -73,6 +73,11 @@ class Checks:
         if self.failure is None:
             then()
 
+    def forget_waiting(self) -> None:
+        """At serve's end: what waits for the checks never runs (no spare or proxy started after it)."""
+        with self._lock:
+            self._then.clear()
+
     def refusal(self, tool: str) -> ToolResult | None:
         """For a call of `tool`: None once it may run (waiting for the checks
         when it runs a program), else the answer that refuses it."""

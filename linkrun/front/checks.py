@@ -26,7 +26,7 @@ HELD = frozenset({"command", "start"})
 
 
 class Checks:
-    """Work started at serve's start, on a thread of its own, and the calls held until it ended."""
+    """up's work, run once on a thread of its own, and the calls held until it ended."""
 
     def __init__(self, work: Callable[[], None] | None) -> None:
         self._work = work

@@ -41,7 +41,8 @@ def ticks_of_a_silent_call(server, count: int) -> list[tuple[float, dict]]:
 def test_a_silent_call_gets_progress_at_a_steady_pace(server, files):
     server.initialize("2025-06-18")
     (first, one), (second, two) = ticks_of_a_silent_call(server, 2)
-    assert PROGRESS_PACE - 1 <= first <= PROGRESS_PACE + 3, first  # not before it was due, nor long after
+    # Not before it was due, and within the 15 s a client's minute leaves room for, however loaded the machine.
+    assert PROGRESS_PACE - 1 <= first <= 15, first
     assert PROGRESS_PACE - 1 <= second - first <= 15, (first, second)
     assert one["progressToken"] == two["progressToken"] == "q"
     assert 0 < one["progress"] < two["progress"], (one, two)  # rising, though the output did not grow
@@ -55,7 +56,7 @@ def test_a_silent_call_gets_progress_at_a_steady_pace(server, files):
 def test_a_silent_call_longer_than_an_sdk_clients_timer_is_answered(files):
     """The TypeScript SDK's timer, as opencode sets it, but shorter than the call: only progress keeps it."""
     node = need_node(NODE_DIR / "node_modules" / "@modelcontextprotocol", "the TypeScript MCP clients are not installed")
-    timeout_ms, silence = int((PROGRESS_PACE + 2) * 1000), PROGRESS_PACE + 4
+    timeout_ms, silence = int((PROGRESS_PACE + 4) * 1000), PROGRESS_PACE + 6
     run = subprocess.run([node, "quiet.mjs", str(timeout_ms), str(silence), "--",
                           *serve_argv(files, programs=("sleep",))],
                          cwd=NODE_DIR, env=clean_env(), capture_output=True, timeout=45)

@@ -14,18 +14,19 @@ import subprocess
 import time
 
 import pytest
-from conftest import clean_env, serve_argv
+from conftest import clean_env, pid_alive, serve_argv, wait_for
 from node_helpers import NODE_DIR, need_node
 
 from linkrun.processes.runner import PROGRESS_PACE
 
 
 def ticks_of_a_silent_call(server, count: int) -> list[tuple[float, dict]]:
-    """A call that prints nothing for 30 s, sent with a progress token: its first
-    `count` progress notifications, each with the seconds since it was sent."""
+    """A call that prints nothing for 30 s (its pid in work/quiet.pid), sent with a
+    progress token: its first `count` progress notifications, each with the seconds since it was sent."""
     sent = time.monotonic()
+    quiet = {"program": "sh", "args": ["-c", "echo $$ > work/quiet.pid; exec sleep 30"]}
     server.send({"jsonrpc": "2.0", "id": "quiet", "method": "tools/call", "params": {
-        "name": "command", "arguments": {"program": "sleep", "args": ["30"]}, "_meta": {"progressToken": "q"}}})
+        "name": "command", "arguments": quiet, "_meta": {"progressToken": "q"}}})
     deadline = sent + count * PROGRESS_PACE + 5
     ticks = []
     while len(ticks) < count:
@@ -37,22 +38,25 @@ def ticks_of_a_silent_call(server, count: int) -> list[tuple[float, dict]]:
     return ticks
 
 
-def test_a_silent_call_gets_progress_at_a_steady_pace(server):
+def test_a_silent_call_gets_progress_at_a_steady_pace(server, files):
     server.initialize("2025-06-18")
     (first, one), (second, two) = ticks_of_a_silent_call(server, 2)
-    assert PROGRESS_PACE - 1 <= first <= PROGRESS_PACE + 3, first  # not before it was due, nor long after
+    # Not before it was due, and within the 15 s a client's minute leaves room for, however loaded the machine.
+    assert PROGRESS_PACE - 1 <= first <= 15, first
     assert PROGRESS_PACE - 1 <= second - first <= 15, (first, second)
     assert one["progressToken"] == two["progressToken"] == "q"
     assert 0 < one["progress"] < two["progress"], (one, two)  # rising, though the output did not grow
     assert one["message"] == two["message"] == "0 bytes of output so far"
+    pid = int((files / "work" / "quiet.pid").read_text())
     server.notify("notifications/cancelled", {"requestId": "quiet"})
+    wait_for(lambda: not pid_alive(pid), what="the cancelled call's program to end")
 
 
 @pytest.mark.node
 def test_a_silent_call_longer_than_an_sdk_clients_timer_is_answered(files):
     """The TypeScript SDK's timer, as opencode sets it, but shorter than the call: only progress keeps it."""
     node = need_node(NODE_DIR / "node_modules" / "@modelcontextprotocol", "the TypeScript MCP clients are not installed")
-    timeout_ms, silence = int((PROGRESS_PACE + 2) * 1000), PROGRESS_PACE + 4
+    timeout_ms, silence = int((PROGRESS_PACE + 4) * 1000), PROGRESS_PACE + 6
     run = subprocess.run([node, "quiet.mjs", str(timeout_ms), str(silence), "--",
                           *serve_argv(files, programs=("sleep",))],
                          cwd=NODE_DIR, env=clean_env(), capture_output=True, timeout=45)

@@ -26,7 +26,7 @@ HELD = frozenset({"command", "start"})
 
 
 class Checks:
-    """Work started at serve's start, on a thread of its own, and the calls held until it ended."""
+    """up's work, run once on a thread of its own, and the calls held until it ended."""
 
     def __init__(self, work: Callable[[], None] | None) -> None:
         self._work = work
@@ -72,6 +72,11 @@ class Checks:
                 return
         if self.failure is None:
             then()
+
+    def forget_waiting(self) -> None:
+        """At serve's end: what waits for the checks never runs (no spare or proxy started after it)."""
+        with self._lock:
+            self._then.clear()
 
     def refusal(self, tool: str) -> ToolResult | None:
         """For a call of `tool`: None once it may run (waiting for the checks

@@ -87,6 +87,7 @@ class Session:
     def shutdown(self, grace: float) -> None:
         """Stop reading; let calls in flight answer within `grace`, then kill them,
         then give the answers queued the time the client takes to read them."""
+        self.checks.forget_waiting()
         self.workers.wait(time.monotonic() + grace)
         self.calls.silence_all()
         if self.tools.spares is not None:

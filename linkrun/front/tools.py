@@ -118,10 +118,11 @@ _COMMAND_OUTPUT = {
                  "limit"],
 }
 # Of every tool's structured value, present only when not empty.
-_EVERY_TOOLS_OUTPUT = {name: {"type": "array", "items": {"type": "string"}, "description": description} for name, description in (
-    ("ignored", "The arguments given that this tool does not know, which it ignored."),
-    ("notes", "The server's notes on this answer, each as the text has it: the proxy refused a host, the sandbox "
-              "refused a write, the call had no internet, a limit bit, arguments were ignored."))}
+_EVERY_TOOLS_OUTPUT = {
+    name: {"type": "array", "items": {"type": "string"}, "description": description} for name, description in (
+        ("ignored", "The arguments given that this tool does not know, which it ignored."),
+        ("notes", "The server's notes on this answer, each as the text has it: the proxy refused a host, the "
+                  "sandbox refused a write, the call had no internet, a limit bit, arguments were ignored."))}
 
 
 class Tools:

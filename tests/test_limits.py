@@ -65,13 +65,16 @@ def linger(tag: str) -> str:
 
 
 def require_controllers(*controllers: str) -> cgroups.Place:
-    """Skip unless this machine gives each controller, or fail with LNK_REQUIRE_SANDBOX=1."""
+    """Skip unless this machine gives each controller, or fail with LNK_REQUIRE_SANDBOX=1 as root.
+    Root makes its groups itself; an ordinary user has one only where the machine
+    delegates it (a systemd user session), and most containers do not: CI's
+    ordinary user skips these, as that user's serve and doctor say the limits do not hold."""
     require_sandbox()
     where = cgroups.find()
     lacking = [c for c in controllers if c not in where.folders]
     if lacking:
         why = "; ".join(where.missing[c] for c in lacking)
-        if os.environ.get("LNK_REQUIRE_SANDBOX") == "1":
+        if os.environ.get("LNK_REQUIRE_SANDBOX") == "1" and os.geteuid() == 0:
             pytest.fail(f"no cgroup for {', '.join(lacking)} and LNK_REQUIRE_SANDBOX=1: {why}")
         pytest.skip(f"no cgroup for {', '.join(lacking)}: {why}")
     return where

@@ -45,7 +45,7 @@ def files(tmp_path) -> Path:
     return folder
 
 
-def look(files: Path) -> gitcheck.Look:
+def look(files: Path) -> gitcheck.GitLook:
     fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         return gitcheck.look(fd, str(files), ["work"])

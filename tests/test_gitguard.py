@@ -156,7 +156,7 @@ def test_a_repository_below_two_write_folders_is_checked_once(files):
     assert len(check(look, files)) == 1
 
 
-def open_and_look(files: Path, write: list[str] | None = None) -> gitcheck.Look:
+def open_and_look(files: Path, write: list[str] | None = None) -> gitcheck.GitLook:
     fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return gitcheck.look(fd, str(files), write or ["work"])
@@ -164,7 +164,7 @@ def open_and_look(files: Path, write: list[str] | None = None) -> gitcheck.Look:
         os.close(fd)
 
 
-def check(look: gitcheck.Look, files: Path) -> list[str]:
+def check(look: gitcheck.GitLook, files: Path) -> list[str]:
     return gitcheck.after(look)
 
 

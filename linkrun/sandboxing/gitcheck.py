@@ -12,7 +12,7 @@ answered or the command's end is recorded.
    `.git` file names when that lies in a write folder.
 2. The program runs, with the write folders writable, nothing bound over
    them: it may change or remove any repository.
-3. After every process of it ended, `Look.check` looks again. What is new
+3. After every process of it ended, `GitLook.check` looks again. What is new
    or changed (by identity, or, for what changed within `RACY` of the first
    look, by content) is checked: a new or changed hook, `commondir`, `.git`
    link, a `hooks` that is no folder, a `.git` file that names a folder out
@@ -53,7 +53,7 @@ class Noted:
 
 
 @dataclass
-class Look:
+class GitLook:
     """What git obeys in the repositories of the write folders, at one time."""
 
     files_path: str
@@ -81,7 +81,7 @@ class Look:
         return done
 
 
-def after(first: Look) -> list[str]:
+def after(first: GitLook) -> list[str]:
     """Step 3 on the files folder opened afresh: what it did, or why it could not, one line each."""
     try:
         files_fd = os.open(first.files_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -94,9 +94,9 @@ def after(first: Look) -> list[str]:
                 f"in {first.files_path} before you run git there"]
 
 
-def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = True) -> Look:
+def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = True) -> GitLook:
     """Step 1 (and step 3's second look, `texts=False`: a text is read only when needed)."""
-    result = Look(files_path, tuple(write))
+    result = GitLook(files_path, tuple(write))
     result.texts = texts
     seen_git: set[str] = set()
     for rel in sorted(set(write)):
@@ -105,8 +105,8 @@ def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = Tru
         except OSError:
             continue  # missing, or not a folder: percall refuses or makes it
         try:
-            for path, kind in _repositories(write_fd, rel):
-                _note_repository(files_fd, path, kind, result, seen_git, write)
+            for path, kind, at in _repositories(write_fd, rel):
+                _note_repository(files_fd, at, path, kind, result, seen_git, write)
         finally:
             os.close(write_fd)
     return result
@@ -114,8 +114,11 @@ def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = Tru
 
 # Finding repositories: scandir and lstat, never following a link, to depth 3.
 
-def _repositories(write_fd: int, rel: str) -> Iterator[tuple[str, str]]:
-    """(path, kind) for each `.git` ("git", "pointer" for a file, "link")
+Found = tuple[str, str, tuple[int, str]]  # path, kind, (its folder's descriptor, its name there)
+
+
+def _repositories(write_fd: int, rel: str) -> Iterator[Found]:
+    """(path, kind, where) for each `.git` ("git", "pointer" for a file, "link")
     at `W/.git`, `W/a/.git`, `W/a/b/.git`, and each bare repository ("bare")
     the listings show (W, W/a) or named `*.git` at W/a/b."""
     first = yield from _listed(write_fd, rel)
@@ -129,14 +132,14 @@ def _repositories(write_fd: int, rel: str) -> Iterator[tuple[str, str]]:
             for b in second:
                 found = _kind_of(a_fd, f"{b}/.git")
                 if found:
-                    yield f"{rel}/{a}/{b}/.git", found
+                    yield f"{rel}/{a}/{b}/.git", found, (a_fd, f"{b}/.git")
                 elif b.endswith(".git") and _is_bare(a_fd, b):
-                    yield f"{rel}/{a}/{b}", "bare"
+                    yield f"{rel}/{a}/{b}", "bare", (a_fd, b)
         finally:
             os.close(a_fd)
 
 
-def _listed(dir_fd: int, path: str) -> Generator[tuple[str, str], None, list[str]]:
+def _listed(dir_fd: int, path: str) -> Generator[Found, None, list[str]]:
     folders: list[str] = []
     head = git = False
     with os.scandir(dir_fd) as entries:
@@ -145,13 +148,13 @@ def _listed(dir_fd: int, path: str) -> Generator[tuple[str, str], None, list[str
                 kind = _kind_of(dir_fd, ".git")
                 if kind:
                     git = True
-                    yield f"{path}/.git", kind
+                    yield f"{path}/.git", kind, (dir_fd, ".git")
             elif entry.is_dir(follow_symlinks=False):
                 folders.append(entry.name)
             elif entry.name == "HEAD":
                 head = True
     if head and not git and "objects" in folders and "refs" in folders:
-        yield path, "bare"
+        yield path, "bare", (dir_fd, ".")
         return []  # a bare repository holds no other
     return folders
 
@@ -179,25 +182,36 @@ def _lstat(dir_fd: int, path: str) -> os.stat_result | None:
 
 # Noting what git obeys in each.
 
-def _note_repository(files_fd: int, path: str, kind: str, result: Look, seen_git: set[str],
+def _note_repository(files_fd: int, at: tuple[int, str], path: str, kind: str, result: GitLook, seen_git: set[str],
                      write: Sequence[str]) -> None:
-    if kind == "link":
-        _note_file(files_fd, path, ASIDE, result)
-    elif kind == "pointer":
-        _note_file(files_fd, path, POINTER, result)
+    """`at`: the folder the scan holds open, and the name below it (the scan
+    opened every folder above from the files folder, following no link)."""
+    if kind in ("link", "pointer"):
+        folder, _, name = at[1].rpartition("/")
+        try:  # `b/.git`: `b` opened on its own, following no link
+            folder_fd = _open_path(at[0], folder) if folder else at[0]
+        except OSError:
+            return
+        try:
+            _note_at(folder_fd, name, path, ASIDE if kind == "link" else POINTER, result)
+        finally:
+            if folder_fd != at[0]:
+                os.close(folder_fd)
+    if kind == "pointer":
         target = _pointed(files_fd, result.files_path, path, write)
         if target is not None:
             _note_git_folder(files_fd, target, result, seen_git, MODULE_DEPTH)
-    else:
-        _note_git_folder(files_fd, path, result, seen_git, MODULE_DEPTH)
+    elif kind != "link":
+        _note_git_folder(files_fd, path, result, seen_git, MODULE_DEPTH, at)
 
 
-def _note_git_folder(files_fd: int, path: str, result: Look, seen_git: set[str], depth: int) -> None:
+def _note_git_folder(files_fd: int, path: str, result: GitLook, seen_git: set[str], depth: int,
+                     at: tuple[int, str] | None = None) -> None:
     if path in seen_git:
         return
     seen_git.add(path)
     try:
-        git_fd = _open_path(files_fd, path)
+        git_fd = _open_path(files_fd if at is None else at[0], path if at is None else at[1])
     except OSError:
         return
     try:
@@ -216,7 +230,7 @@ def _note_git_folder(files_fd: int, path: str, result: Look, seen_git: set[str],
         os.close(git_fd)
 
 
-def _note_hooks(git_fd: int, path: str, result: Look) -> None:
+def _note_hooks(git_fd: int, path: str, result: GitLook) -> None:
     try:
         hooks_fd = os.open("hooks", _DIR, dir_fd=git_fd)
     except OSError:
@@ -230,28 +244,28 @@ def _note_hooks(git_fd: int, path: str, result: Look) -> None:
         os.close(hooks_fd)
 
 
-def _note_at(dir_fd: int, name: str, path: str, kind: str, result: Look) -> os.stat_result | None:
+def _note_at(dir_fd: int, name: str, path: str, kind: str, result: GitLook) -> os.stat_result | None:
     info = _lstat(dir_fd, name)
     if info is None:
         return None
     ident = (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
     text = None
     if result.texts and stat.S_ISREG(info.st_mode) and (kind == CONFIG or info.st_ctime_ns >= result.taken - RACY):
-        text = _read(dir_fd, name)
+        text = _TEXTS.get((path, ident)) if info.st_ctime_ns < result.taken - RACY else None
+        if text is None:
+            text = _read(dir_fd, name)
+            if text is not None and info.st_ctime_ns < result.taken - RACY:
+                if len(_TEXTS) >= TEXTS_KEPT:
+                    _TEXTS.clear()
+                _TEXTS[(path, ident)] = text
     result.noted[path] = Noted(kind, ident, text)
     return info
 
 
-def _note_file(files_fd: int, path: str, kind: str, result: Look) -> None:
-    parent, _, name = path.rpartition("/")
-    try:
-        parent_fd = _open_path(files_fd, parent)
-    except OSError:
-        return
-    try:
-        _note_at(parent_fd, name, path, kind, result)
-    finally:
-        os.close(parent_fd)
+# A config's text by its path and identity, from an earlier look of this
+# process (serve looks at every call): one not changed since is not read again.
+_TEXTS: dict[tuple[str, tuple], bytes] = {}
+TEXTS_KEPT = 20_000
 
 
 def _subfolders(dir_fd: int, name: str) -> list[str]:
@@ -371,7 +385,7 @@ def _open_path(files_fd: int, rel: str) -> int:
 
 # Step 3: setting aside.
 
-def _neutralise(files_fd: int, first: Look, path: str, after: Noted, before: Noted | None) -> list[str]:
+def _neutralise(files_fd: int, first: GitLook, path: str, after: Noted, before: Noted | None) -> list[str]:
     parent, _, name = path.rpartition("/")
     parent_fd = _open_path(files_fd, parent)
     try:

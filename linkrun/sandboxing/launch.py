@@ -59,7 +59,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
     from .cgroups import Group
     from .etcview import EtcWatch
-    from .gitcheck import Look
+    from .gitcheck import GitLook
 
 INFO_LIMIT = 4096  # bwrap's info is one small JSON object
 
@@ -128,7 +128,7 @@ class Launch:
     block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
     shown_args: list[str] = field(default_factory=list)  # the argv's binds and filter, for `key`
-    git: Look | None = None  # the repositories as they were before the program (gitcheck.py), checked at close()
+    git: GitLook | None = None  # the repositories as they were before the program (gitcheck.py), checked at close()
     git_notes: list[str] = field(default_factory=list)  # what that check set aside
 
     @functools.cached_property

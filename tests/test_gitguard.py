@@ -99,6 +99,9 @@ def test_what_a_call_plants_in_a_repository_is_not_obeyed_by_the_users_git_after
     make_repositories(work)
     planted = up_as.command("sh", "-c", PLANT, "sh", str(work))
     assert "planted" in text_of(planted), text_of(planted)
+    # The agent is told what was set aside, and why.
+    assert "[the user's git would have run what this call wrote into a repository; set aside: " in text_of(planted)
+    assert "work/fsmonitor/.git/config: core.fsmonitor taken out" in text_of(planted)
     assert obeyed(work) == []
 
 

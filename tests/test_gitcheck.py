@@ -133,3 +133,13 @@ def test_allowed_checks_the_value_of_a_remote_url_and_a_submodule_update():
     assert not gitconfig.allowed(("remote.origin.url", "../local.git"))
     assert not gitconfig.allowed(("submodule.s.update", "!touch MARK"))
     assert gitconfig.allowed(("submodule.s.update", "merge"))
+
+
+def test_what_one_run_set_aside_is_not_set_aside_again_by_a_run_that_began_before(files):
+    hooks = files / "work" / "repo" / ".git" / "hooks"
+    hooks.mkdir()
+    longer, shorter = look(files), look(files)  # a background command's look, then a call's
+    (hooks / "pre-commit").write_text("#!/bin/sh\n")
+    assert len(gitcheck.after(shorter)) == 1
+    assert gitcheck.after(longer) == []
+    assert [name.startswith("pre-commit.lnk-set-aside-") for name in os.listdir(hooks)] == [True]

@@ -40,6 +40,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 RACY = 100_000_000  # ns: a file changed this close before the look is compared by content (coarse clocks)
 READ_LIMIT = 1 << 20  # a config or racy hook longer than this is checked as changed
 MODULE_DEPTH = 4  # submodules within submodules, followed this deep
+SET_ASIDE = ".lnk-set-aside-"  # what a check renamed: `<name>.lnk-set-aside-<hex>`
 
 # kind of each noted path: what to do with it when it is new or changed
 CONFIG, HOOK, HOOKS, POINTER, ASIDE, COMMONDIR = "config", "hook", "hooks", "pointer", "aside", "commondir"
@@ -238,7 +239,8 @@ def _note_hooks(git_fd: int, path: str, result: GitLook) -> None:
     try:
         with os.scandir(hooks_fd) as entries:
             for entry in entries:
-                if not entry.name.endswith(".sample"):  # git runs hooks by their exact names
+                # git runs hooks by their exact names: never a sample, nor what a check set aside
+                if not entry.name.endswith(".sample") and SET_ASIDE not in entry.name:
                     _note_at(hooks_fd, entry.name, f"{path}/{entry.name}", HOOK, result)
     finally:
         os.close(hooks_fd)
@@ -411,7 +413,7 @@ def _points_home(worktree_fd: int, name: str) -> bool:
 
 
 def _set_aside(parent_fd: int, name: str, path: str) -> str:
-    aside = f"{name}.lnk-set-aside-{secrets.token_hex(4)}"
+    aside = f"{name}{SET_ASIDE}{secrets.token_hex(4)}"
     os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
     return f"{path}: set aside as {aside} (git would have obeyed it)"
 

@@ -31,10 +31,12 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 from . import gitconfig
+from .gitfind import lstat as _lstat, repositories as _repositories
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 RACY = 100_000_000  # ns: a file changed this close before the look is compared by content (coarse clocks)
@@ -62,6 +64,7 @@ class GitLook:
     taken: int = field(default_factory=time.time_ns)
     noted: dict[str, Noted] = field(default_factory=dict)  # path relative to the files folder -> what it was
     texts: bool = True  # configs' texts (and racy files') noted
+    clean: dict[str, tuple] = field(default_factory=dict)  # path -> identity a check of this run found clean
 
     def check(self, files_fd: int) -> list[str]:
         """Step 3: look again, and set aside what changed; what was done, one line each."""
@@ -71,15 +74,48 @@ class GitLook:
             before = self.noted.get(path)
             if before is not None and before.ident == after.ident and before.ident[-1] < self.taken - RACY:
                 continue
+            if self.clean.get(path) == after.ident:
+                continue  # found clean by an earlier check of this run, and not changed since
             try:
                 if before is not None and before.text is not None and before.ident[0] == after.ident[0] \
                         and _read_at(files_fd, path) == before.text:
                     continue
-                done += _neutralise(files_fd, self, path, after, before)
+                did = _neutralise(files_fd, self, path, after, before)
+                if not did and after.ident[-1] < time.time_ns() - RACY:
+                    self.clean[path] = after.ident
+                done += did
             except OSError as error:  # gone meanwhile, or not ours to change: git cannot obey it either way
                 if not isinstance(error, FileNotFoundError):
                     done.append(f"{path}: could not be checked ({error.strerror})")
         return done
+
+
+class Meanwhile:
+    """A watch's tick: `then` (another tick, if any), and step 3 while the
+    program runs, every EVERY seconds, or 50 times what the last check took
+    if longer (under 2% of the time, however many repositories). What it
+    does goes to `log`, or else to `notes`. Returns how soon it is due."""
+
+    EVERY = 2.0
+
+    def __init__(self, first: GitLook, notes: list[str], then: Callable[[Any], float | None] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.first, self.notes, self.then, self.log = first, notes, then, log
+        self.due = time.monotonic() + self.EVERY
+
+    def __call__(self, watch: object) -> float:
+        now = time.monotonic()
+        if now >= self.due:
+            done = after(self.first)
+            if self.log is None:
+                self.notes += done
+            else:
+                for note in done:
+                    self.log(note)
+            self.due = time.monotonic() + max(self.EVERY, 50 * (time.monotonic() - now))
+        soon = max(0.0, self.due - time.monotonic())
+        other = self.then(watch) if self.then is not None else None
+        return soon if other is None else min(soon, other)
 
 
 def after(first: GitLook) -> list[str]:
@@ -111,74 +147,6 @@ def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = Tru
         finally:
             os.close(write_fd)
     return result
-
-
-# Finding repositories: scandir and lstat, never following a link, to depth 3.
-
-Found = tuple[str, str, tuple[int, str]]  # path, kind, (its folder's descriptor, its name there)
-
-
-def _repositories(write_fd: int, rel: str) -> Iterator[Found]:
-    """(path, kind, where) for each `.git` ("git", "pointer" for a file, "link")
-    at `W/.git`, `W/a/.git`, `W/a/b/.git`, and each bare repository ("bare")
-    the listings show (W, W/a) or named `*.git` at W/a/b."""
-    first = yield from _listed(write_fd, rel)
-    for a in first:
-        try:
-            a_fd = os.open(a, _DIR, dir_fd=write_fd)
-        except OSError:
-            continue
-        try:
-            second = yield from _listed(a_fd, f"{rel}/{a}")
-            for b in second:
-                found = _kind_of(a_fd, f"{b}/.git")
-                if found:
-                    yield f"{rel}/{a}/{b}/.git", found, (a_fd, f"{b}/.git")
-                elif b.endswith(".git") and _is_bare(a_fd, b):
-                    yield f"{rel}/{a}/{b}", "bare", (a_fd, b)
-        finally:
-            os.close(a_fd)
-
-
-def _listed(dir_fd: int, path: str) -> Generator[Found, None, list[str]]:
-    folders: list[str] = []
-    head = git = False
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            if entry.name == ".git":
-                kind = _kind_of(dir_fd, ".git")
-                if kind:
-                    git = True
-                    yield f"{path}/.git", kind, (dir_fd, ".git")
-            elif entry.is_dir(follow_symlinks=False):
-                folders.append(entry.name)
-            elif entry.name == "HEAD":
-                head = True
-    if head and not git and "objects" in folders and "refs" in folders:
-        yield path, "bare", (dir_fd, ".")
-        return []  # a bare repository holds no other
-    return folders
-
-
-def _kind_of(dir_fd: int, name: str) -> str | None:
-    mode = _lstat(dir_fd, name)
-    if mode is None:
-        return None
-    return "git" if stat.S_ISDIR(mode.st_mode) else "pointer" if stat.S_ISREG(mode.st_mode) else "link" \
-        if stat.S_ISLNK(mode.st_mode) else None
-
-
-def _is_bare(parent_fd: int, name: str) -> bool:
-    head = _lstat(parent_fd, f"{name}/HEAD")
-    return head is not None and not stat.S_ISDIR(head.st_mode) and all(
-        (s := _lstat(parent_fd, f"{name}/{sub}")) is not None and stat.S_ISDIR(s.st_mode) for sub in ("objects", "refs"))
-
-
-def _lstat(dir_fd: int, path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return None
 
 
 # Noting what git obeys in each.
@@ -321,19 +289,12 @@ def _pointed(files_fd: int, files_path: str, path: str, write: Sequence[str]) ->
             kept.pop()
         else:
             kept.append(name)
-            if _kind_of_path(files_fd, "/".join(kept)) is None:
+            try:  # a folder, reached through no link
+                os.close(_open_path(files_fd, "/".join(kept)))
+            except OSError:
                 return None
     rel = "/".join(kept)
     return rel if any(rel.startswith(w + "/") for w in write) else None
-
-
-def _kind_of_path(files_fd: int, rel: str) -> str | None:
-    """"dir" when `rel` is a folder reached through no link."""
-    try:
-        os.close(_open_path(files_fd, rel))
-        return "dir"
-    except OSError:
-        return None
 
 
 def _read_at(files_fd: int, path: str) -> bytes | None:

@@ -218,7 +218,7 @@ class Launch:
             from .gitcheck import after
 
             look, self.git = self.git, None
-            self.git_notes = after(look)
+            self.git_notes += after(look)  # after what a check while it ran did
         self.handed_over()
         self._let_go()
         while self.held:

@@ -84,7 +84,7 @@ class GitLook:
                 if not did and after.ident[-1] < time.time_ns() - RACY:
                     self.clean[path] = after.ident
                 done += did
-            except OSError as error:  # gone meanwhile, or not ours to change: git cannot obey it either way
+            except OSError as error:  # gone meanwhile: nothing left to obey; any other failure is said
                 if not isinstance(error, FileNotFoundError):
                     done.append(f"{path}: could not be checked ({error.strerror})")
         return done

@@ -29,7 +29,7 @@ COMMANDS = {
 # only when asked; else the text.
 USAGES: dict[str, tuple[str, str] | str] = {
     "serve": ("linkrun.config", "SERVE_USAGE"),
-    "up": ("linkrun.up", "USAGE"),
+    "up": ("linkrun.up", "HELP"),
     "sandbox": ("linkrun.sandboxing.sandbox", "USAGE"),
     "doctor": "lnk-link-run doctor [--agent DIR] [--sandbox FILE]",
     "supervise": ("linkrun.detached.supervise", "USAGE"),

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Generator, Iterator, Mapping, Sequence
 
 from . import agent as agent_folder
 from .sandboxing import hostfacts, sandbox
 from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
+from .invocation import typed
 from .sandboxing.launch import Sandbox, prepare
-from .units import describe_size
+from .units import cores, describe_size
 
 Check = tuple[str, str, str]  # (level: ok, warn or FAIL; what; how to fix it)
 
@@ -75,7 +79,7 @@ class Probe:
             self.process.kill()
             self.process.communicate()
             raise LinkRunError("the sandbox did not start within 30 s",
-                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
+                               f"run {typed('doctor')}; see {TROUBLESHOOTING}") from None
         error_line = next((line for line in stderr.splitlines() if line.strip()), "")
         not_visible = LinkRunError(
             f"the files folder {folder.files} is not visible inside the sandbox",
@@ -87,7 +91,7 @@ class Probe:
             if any(word in error_line for word in _NAMESPACE_WORDS):
                 raise LinkRunError(f"the kernel refused the sandbox its namespaces ({error_line})", namespaces_hint())
             raise LinkRunError(f"the sandbox did not start ({error_line or f'exit {self.process.returncode}'})",
-                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}")
+                               f"run {typed('doctor')}; see {TROUBLESHOOTING}")
         lines = stdout.splitlines()
         real = os.stat(folder.files)
         if lines[:2] != [folder.files, f"{real.st_dev}:{real.st_ino}"]:
@@ -134,7 +138,7 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
                                        cwd=folder.files, pass_fds=launch.fds, stdin=subprocess.DEVNULL, env=launch.env)
         except OSError as error:
             raise LinkRunError(f"the sandbox did not start: {error}",
-                               f"run lnk-link-run doctor; see {TROUBLESHOOTING}") from None
+                               f"run {typed('doctor')}; see {TROUBLESHOOTING}") from None
     return Probe(process, folder, seccomp is not None)
 
 
@@ -169,9 +173,37 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     host = yield from _host_checks(settings)
     if host is None:
         return
-    if not os.path.isdir(folder.files):
-        yield "warn", f"the agent's folder {folder.root} has no Files/ yet", "lnk-link-run up creates it"
+    if os.path.isdir(folder.files):
+        yield from _agent_checks(folder, settings, environ, host)
         return
+    # Before the first `up`: every check `up` runs, in a scratch agent's
+    # folder where the agent's will be made (the same file system), removed after.
+    parent = _nearest_folder(folder.root)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        yield "FAIL", f"the agent's folder {folder.root} cannot be made: {parent} may not be written", \
+            "give up --agent a folder where you may write, such as under your home"
+        return
+    scratch = tempfile.mkdtemp(prefix=".lnk-doctor-", dir=parent)
+    missing = "has no Files/ yet" if os.path.isdir(folder.root) else "does not exist yet"
+    yield "ok", f"the agent's folder {folder.root} {missing} ({typed('up')} makes it): the checks below ran " \
+        f"in a scratch folder, {scratch}, removed after", ""
+    try:
+        yield from _agent_checks(agent_folder.create(scratch), settings, environ, host)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _nearest_folder(root: str) -> str:
+    """The nearest folder above `root` that exists: where `up` would make it."""
+    parent = os.path.dirname(os.path.abspath(root))
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    return parent
+
+
+def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
+                  host: hostfacts.Host) -> Iterator[Check]:
+    """The checks that start the agent's sandbox, and what hangs on it."""
     kept = yield from _sandbox_starts(folder, settings, environ, host)
     if kept is None:
         return
@@ -183,7 +215,20 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     else:
         yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
             "see docs/security.md"
-    yield from limit_checks(sandbox.call_limits(settings, host), works, why)
+    yield from limit_checks(sandbox.call_limits(settings, host), works, why, _longest_call(folder))
+
+
+def _longest_call(folder: agent_folder.AgentFolder) -> int:
+    """The most seconds a call runs (the spec's timeout, else the default): the span of a cpu limit's rlimit."""
+    from .config import parse_duration
+    from .up import read_toml, run_settings
+
+    source = folder.spec_file
+    try:
+        spec = read_toml(source, "spec") if os.path.exists(source) else {}
+        return parse_duration("timeout", run_settings(spec, source)["--timeout"])
+    except LinkRunError:
+        return parse_duration("timeout", str(sandbox.defaults()["run"]["timeout"]))
 
 
 def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFile | None]:
@@ -248,40 +293,53 @@ def _program_checks(kept: sandbox.ProgramsHere) -> Iterator[Check]:
 
 
 def _fork_brake_check(host: hostfacts.Host) -> Check:
-    count, margin = hostfacts.count_tasks(os.getuid()), int(sandbox.defaults()["limits"]["nproc_margin"])
+    """The brake is the uid's count plus a margin, cut to the hard limit: only
+    a hard limit below that is near (the brake itself is never a hard limit,
+    and doctor's own processes count)."""
+    margin = int(sandbox.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
         return "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
             "run the agent as an ordinary user"
-    if host.nproc < count + margin:
-        return "warn", f"your user runs {count} tasks, near its hard limit of {host.nproc}: " \
+    count, hard = hostfacts.count_tasks(os.getuid()), hostfacts.hard_limit(resource.RLIMIT_NPROC)
+    if hard is not None and hard < count + margin:
+        return "warn", f"your user runs {count} tasks, near its hard limit of {hard}: " \
             "a call may fail to start processes", "raise the hard limit on processes (ulimit -Hu) or run fewer"
-    return "ok", f"the fork-bomb brake: --nproc {host.nproc} ({count} tasks now + {margin})", ""
+    return "ok", f"the fork-bomb brake: --nproc {host.nproc} (your user's tasks when it was read + {margin})", ""
 
 
-_LIMIT_WORDS = {controller: name for name, controller in CONTROLLERS.items()}
-
-
-def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str) -> Iterator[Check]:
-    """Which per-call limits hold here (each call in a cgroup of its own), and why the others do not."""
-    from .sandboxing import cgroups  # here: up imports this module, and its start needs none of it
+def limit_checks(limits: Limits, scope_works_here: bool, scope_why: str, longest: int | None = None) -> Iterator[Check]:
+    """Which per-call limits hold here and how: each call in a cgroup of its own,
+    else an rlimit inside its sandbox (fallback.py), and why the others do not."""
+    from .sandboxing import cgroups, fallback  # here: up imports this module, and its start needs none of it
 
     place = cgroups.find()
-    held = place.holds(limits)
-    described = {"memory": f"memory {describe_size(limits.memory or 0)}", "pids": f"tasks {limits.tasks}",
-                 "cpu": f"cpu {limits.cpu}%"}
-    if held:
+    held = fallback.holding(limits, place, longest)
+    described = {"memory": f"memory {describe_size(limits.memory or 0)}", "tasks": f"tasks {limits.tasks}", "cpu": f"cpu {limits.cpu}%"}
+    if held.by_cgroup:
         yield "ok", f"per-call limits hold through cgroup v{place.version}: " + \
-            ", ".join(described[c] for c in held), ""
-    missing = [c for c in limits.controllers() if c not in held]
-    if not missing:
+            ", ".join(described[name] for name in held.by_cgroup), ""
+    rest = held.by_rlimit + held.not_held
+    if not rest:
         return
     if scope_works_here and place.version != 1:
-        yield "ok", "per-call limits: " + ", ".join(described[c] for c in missing) + \
+        yield "ok", "per-call limits: " + ", ".join(described[name] for name in rest) + \
             " should hold in the delegated scope up runs serve in (systemd-run --user --scope -p Delegate=yes)", ""
         return
-    for controller in missing:
-        yield "warn", f"no per-call {_LIMIT_WORDS[controller]} limit: {place.missing[controller]}", \
-            _limit_fix(scope_why)
+    fix = _limit_fix(scope_why)
+    for name in rest:
+        why = place.missing[CONTROLLERS[name]]
+        if name == "memory" and name in held.by_rlimit:
+            yield "warn", f"per-call memory limit {describe_size(held.at_most('memory'))} holds for each process " \
+                f"alone, not for the call: an rlimit (RLIMIT_DATA) past which an allocation fails, as {why}", fix
+        elif name == "tasks" and name in held.by_rlimit:
+            yield "ok", f"per-call tasks limit {held.at_most('tasks')} holds for the call: an rlimit (RLIMIT_NPROC) that " \
+                f"counts the call's own user namespace, as {why}", ""
+        elif name == "cpu" and name in held.by_rlimit:
+            yield "warn", f"per-call cpu limit {cores(limits.cpu or 0)} holds as CPU time for each process: " \
+                f"{held.cpu_seconds} s (RLIMIT_CPU), not as a cap, as {why}", fix
+        else:
+            unheld = "RLIMIT_NPROC binds nothing for root" if name == "tasks" and os.geteuid() == 0 else why
+            yield "warn", f"no per-call {name} limit: {unheld}", fix
 
 
 def _limit_fix(scope_why: str) -> str:
@@ -316,7 +374,7 @@ def record_checks(agent_root: str) -> Iterator[Check]:
             records.load_strict(folder.state, command_id)
         except records.BadRecord as bad:
             yield "warn", f"background command {command_id}: its record is not whole ({bad})", \
-                f"run lnk-link-run sweep {folder.state} to set it aside"
+                f"run {typed('sweep')} {folder.state} to set it aside"
 
 
 def main(argv: list[str]) -> int:

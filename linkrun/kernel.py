@@ -1,10 +1,11 @@
 """What `os` lacks for speaking to the kernel: a small kernel file read in
 one call, and the libc functions `os` has no wrapper for (`tee`,
-`renameat2`, inotify's), through ctypes, loaded at the first use, so a
+`renameat2`, inotify's, `keyctl` through `syscall`), through ctypes, loaded at the first use, so a
 process that needs none never loads it. Stdlib only."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 
@@ -42,3 +43,34 @@ def last_errno() -> int:
     import ctypes
 
     return ctypes.get_errno()
+
+
+# keyctl(2)'s number (glibc has no wrapper; libkeyutils, not always there,
+# has one): x86_64's table, and the generic table that aarch64 and riscv64 use.
+KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219}
+KEYCTL_JOIN_SESSION_KEYRING = 1
+_NO_KEYS = (errno.ENOSYS, errno.EPERM, errno.EACCES)  # no keys in this kernel, or keyctl refused to us
+
+
+def own_session_keyring() -> bool:
+    """This thread joins a new session keyring, anonymous and empty; what it
+    spawns next inherits it, in place of the caller's (a thread's keyrings
+    are its own credentials: the process's other threads keep theirs).
+
+    False where it cannot be had, and need not: a kernel without keys, or a
+    seccomp filter around us that refuses `keyctl` (as Docker's does), which
+    refuses it in the sandbox as well; or a machine whose syscall table we
+    do not hold. OSError for any other failure."""
+    import ctypes
+
+    number = KEYCTL.get(os.uname().machine)
+    if number is None:
+        return False
+    call = libc().syscall
+    call.restype = ctypes.c_long
+    if call(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_char_p(None)) >= 0:
+        return True
+    failure = last_errno()
+    if failure in _NO_KEYS:
+        return False
+    raise OSError(failure, os.strerror(failure))

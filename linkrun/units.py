@@ -40,11 +40,19 @@ def local_time(unix: float) -> str:
 
 
 def describe_size(size: int) -> str:
-    """Bytes for a text: 16384 → "16K", 1048576 → "1M", 1000 → "1000 bytes"."""
-    for unit, scale in (("M", 1024**2), ("K", 1024)):
-        if size % scale == 0:
+    """Bytes for a text, as people write them: 16384 → "16K", 1048576 → "1M",
+    6319017984 → "5.9G" (one decimal past a megabyte), 1000 → "1000 bytes"."""
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if size >= scale and size % scale == 0:
             return f"{size // scale}{unit}"
+        if size >= scale and unit != "K":
+            return f"{size / scale:.1f}{unit}"
     return f"{size} bytes"
+
+
+def cores(cpu: int) -> str:
+    """A CPU cap in percent of one core, in words: 100 → "1 core's worth", 150 → "1.5 cores' worth"."""
+    return "1 core's worth" if cpu == 100 else f"{cpu / 100:g} cores' worth"
 
 
 def killed_by_note(status: object) -> str:

@@ -11,19 +11,59 @@ from __future__ import annotations
 import os
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from . import agent as agent_folder
 from . import doctor
 from .detached import filing, records
 from .network import internet
-from .sandboxing import hostfacts, sandbox, seccomp
+from .sandboxing import etcview, hostfacts, sandbox, seccomp
 from .messages.address import parse_address
 from .config import Flags, WayInFlags, parse_duration, parse_size, split_flags, way_in_flags
+from .invocation import typed
 from .errors import LinkRunError, UsageError
 
 USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
          "[--way-in ADDR --as ID [--keyring DIR] | --no-way-in] [--route PROXY]")
+
+
+def _help() -> str:
+    """`up --help`: what it is, and each flag with its default (the spec's from the embedded defaults)."""
+    run = sandbox.defaults()["run"]
+    spec = ", ".join(f"{key} {run[key]}" for key in RUN_KEYS)
+    return f"""usage: {USAGE}
+
+Start an agent's MCP server over stdio, as Link does at an agent's start. An
+MCP client starts it and speaks to it on its input and output (docs/clients.md);
+in a terminal it only waits. It makes the agent's folder when missing, checks
+the sandbox as `lnk-link-run doctor` does, and serves: a `command` tool that
+runs programs, each call in a sandbox of its own.
+
+  --agent DIR      the agent's folder: Config/ (its sandbox file and spec),
+                   Agent/, Home/, Files/ (the files folder calls run in),
+                   State/ (default: $XDG_DATA_HOME/linkrun/agents/main, that
+                   is ~/.local/share/linkrun/agents/main)
+  --sandbox FILE   the sandbox file to use (what calls may run, write and
+                   reach, and their limits), kept as Config/sandbox.toml
+                   (default: the agent's Config/sandbox.toml, which the first
+                   up writes with the embedded defaults)
+  --spec FILE      a spec whose [tool.run] sets the numbers, kept as
+                   Config/spec.toml (default: the agent's Config/spec.toml,
+                   else {spec})
+  --no-way-in      also offer background commands (start, list, read, stop)
+                   to a client that takes no messages: their ends are learnt
+                   with list and read (default: no background commands)
+  --way-in ADDR    offer background commands, whose ends are told as messages
+                   to Link's way in: http://127.0.0.1:<port>/<path> or
+                   unix:<socket path>
+  --as ID          the agent's id, which proves those messages (with --way-in)
+  --keyring DIR    the folder of the agent's key, <DIR>/<ID>.key (with
+                   --way-in; default: $LINK_KEYRING, else ~/.link/keyring)
+  --route PROXY    send the connections the sandbox file's [internet] allows
+                   through this proxy rather than directly (default: directly)
+"""
+
+
 _VALUED = {"--agent", "--sandbox", "--spec", "--way-in", "--as", "--keyring", "--route"}
 
 # [tool.run] key → (serve's flag, kind)
@@ -36,6 +76,8 @@ RUN_KEYS = {
     "background_keep": ("--background-keep", "duration"),
     "background_per_day": ("--background-per-day", "count"),
 }
+
+HELP = _help()  # the embedded defaults are read here once; up reads them anyway
 
 
 def run_settings(spec: Mapping, source: str) -> dict[str, str]:
@@ -71,7 +113,7 @@ def run_settings(spec: Mapping, source: str) -> dict[str, str]:
     return values
 
 
-def _read_toml(path: str, what: str) -> dict:
+def read_toml(path: str, what: str) -> dict:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -79,6 +121,25 @@ def _read_toml(path: str, what: str) -> dict:
         raise LinkRunError(f"cannot read the {what} {path}: {error.strerror}", "give a readable file") from None
     except tomllib.TOMLDecodeError as error:
         raise LinkRunError(f"the {what} {path} is not valid TOML: {error}", "fix it") from None
+
+
+SANDBOX_FILE_HEADER = """\
+# The agent's sandbox file: what its calls may run, write and reach, and their
+# limits. The first `lnk-link-run up` wrote it with the defaults in force; edit
+# it, and start the agent again. A section or key left out takes the embedded
+# default; a list given replaces the default list (add to it, do not start a
+# new one). `lnk-link-run doctor` says what holds on this machine.
+
+"""
+
+
+def default_sandbox_file() -> str:
+    """The embedded default sandbox file as a sandbox file, with its comments:
+    the `[sandbox.*]` sections of defaults.toml, the one place they are written."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults.toml")) as f:
+        text = f.read()
+    start, end = text.index("[sandbox.commands]"), text.index("# The spec's [tool.run]")
+    return SANDBOX_FILE_HEADER + text[start:end].replace("[sandbox.", "[").rstrip() + "\n"
 
 
 def _keep(source: str, destination: str) -> None:
@@ -91,15 +152,22 @@ def _keep(source: str, destination: str) -> None:
     filing.write_whole(destination, data, 0o644)
 
 
-def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], doctor.Probe]:
-    """Everything `up` does but the exec: the argv it execs, and the sandbox probe under way."""
+def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Callable[[], None]]:
+    """Everything `up` does but the exec: the argv it execs, and its checks
+    still to run (the /etc view made current, then the sandbox's probe),
+    which raise LinkRunError naming the fix. What the handshake says (the
+    programs kept, the limits, the folders) is known without them."""
     flags, route, way_in = _check_flags(argv, environ)
     folder, settings, run = _agent_files(flags, environ)
     keyring = way_in.keyring or os.path.abspath(agent_folder.default_keyring(environ))
-    fixed, kept, host = sandbox.build(folder, settings, environ, keyring)
+    fixed, kept, host = sandbox.build(folder, settings, environ, keyring, etc_view=False)
     write = sandbox.write_folders(settings)
     filter_path = seccomp.for_agent(folder.state)
-    pending = doctor.start_probe(fixed, folder, write, filter_path)
+
+    def check() -> None:
+        etcview.ensure(folder.state)
+        doctor.probe(fixed, folder, write, filter_path)
+
     _prepare_internet(folder, settings, route, way_in)
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
              "--programs-path", hostfacts.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
@@ -109,7 +177,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], docto
         serve += ["--seccomp", filter_path]
     serve += ["--limits", sandbox.call_limits(settings, host).flag()]
     serve += _background_flags(folder, settings, run, way_in, "--no-way-in" in flags)
-    return _in_scope(serve + ["--"] + fixed, folder), pending
+    return _in_scope(serve + ["--"] + fixed, folder), check
 
 
 def _check_flags(argv: list[str], environ: Mapping[str, str]) -> tuple[Flags, str | None, WayInFlags]:
@@ -133,17 +201,19 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     then kept in Config/), else the ones kept, else the embedded defaults."""
     sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
     settings = sandbox.load(sandbox_path) if sandbox_path else None
-    run = run_settings(_read_toml(spec_path, "spec"), spec_path) if spec_path else None
+    run = run_settings(read_toml(spec_path, "spec"), spec_path) if spec_path else None
 
     folder = agent_folder.create(flags.get("--agent") or agent_folder.default_root(environ))
     if sandbox_path:
         _keep(sandbox_path, folder.sandbox_file)
     else:
-        settings = sandbox.load(folder.sandbox_file if os.path.exists(folder.sandbox_file) else None)
+        if not os.path.exists(folder.sandbox_file):
+            filing.write_whole(folder.sandbox_file, default_sandbox_file().encode(), 0o644)
+        settings = sandbox.load(folder.sandbox_file)
     if spec_path:
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
-        run = run_settings(_read_toml(folder.spec_file, "spec"), folder.spec_file)
+        run = run_settings(read_toml(folder.spec_file, "spec"), folder.spec_file)
     assert settings is not None
     return folder, settings, run if run is not None else run_settings({}, "the embedded defaults")
 
@@ -197,27 +267,39 @@ def _in_scope(serve: list[str], folder: agent_folder.AgentFolder) -> list[str]:
 
 def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
     """serve's command line, once the sandbox was checked (as `doctor` does)."""
-    command, pending = _plan(argv, environ)
-    pending.check()
+    command, check = _plan(argv, environ)
+    check()
     return command
 
 
 def main(argv: list[str]) -> int:
-    command, pending = _plan(argv, os.environ)
+    command, check = _plan(argv, os.environ)
+    _say_to_a_terminal(argv, os.environ)
     serve_at = command.index("serve") if "serve" in command else -1
     if command[0] == sys.executable and serve_at == 4:
         # serve in this process: the same program an exec would start, without
         # paying a second interpreter start and its imports (about half of
-        # up's time to its first answer). The scope path must exec. The
-        # server's modules load while the sandbox's probe runs.
-        from .front import server, tools  # noqa: F401
+        # up's time to its first answer). It answers the handshake before the
+        # checks end; the calls that run a program wait for them (checks.py).
+        # The scope path must exec, so it checks first, as doctor does.
+        from .front import server
 
-        pending.check()
         sys.stdout.flush()
         sys.stderr.flush()
-        return server.main(command[serve_at + 1:])
-    pending.check()
+        return server.main(command[serve_at + 1:], check)
+    check()
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)
     return 127  # not reached
+
+
+def _say_to_a_terminal(argv: list[str], environ: Mapping[str, str]) -> None:
+    """A person who started `up` in a terminal is told what it waits for; an MCP client's pipe gets nothing."""
+    if not os.isatty(0):
+        return
+    flags, _ = split_flags(argv, _VALUED, {"--no-way-in"}, set())  # checked already by the plan
+    folder = agent_folder.locate(flags.get("--agent") or agent_folder.default_root(environ))
+    print(f"lnk-link-run up: this is an MCP server over stdio, waiting for a client on its input: start it from "
+          f"an MCP client (docs/clients.md). The agent's folder is {folder.root}, its sandbox file "
+          f"{folder.sandbox_file}; {typed('doctor')} checks the setup. Ctrl-D ends it.", file=sys.stderr, flush=True)

@@ -72,6 +72,7 @@ class RawServer:
         self.lines: queue.Queue = queue.Queue()
         self.raw: list[bytes] = []
         self.stderr = b""
+        self.initialized: dict = {}  # the initialize answer's result, once a harness keeps it
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._err_reader = threading.Thread(target=self._read_stderr, daemon=True)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import orjson
@@ -276,6 +277,24 @@ def test_a_link_planted_at_the_output_is_not_followed(bg, ended_with, files):
     assert "root:" not in text_of(result)
 
 
+def test_a_link_at_one_running_commands_output_leaves_list_whole_and_names_it(bg, state, files):
+    other = start(bg, program="sleep", args=["100"])
+    linked = start(bg, program="sleep", args=["100"])
+    wait_running(state, other)
+    wait_running(state, linked)
+    output = files / "background" / f"{linked}.out"
+    output.unlink()
+    output.symlink_to("/etc/passwd")  # planted on the host while the command runs
+    result = bg.call("list", {}, meta=META)
+    assert result.get("isError") is not True, text_of(result)
+    entries = {entry["id"]: entry for entry in result["structuredContent"]["commands"]}
+    assert set(entries) == {other, linked}
+    assert "unreadable" not in entries[other]
+    assert "is a link" in entries[linked]["unreadable"]
+    assert f"{linked}" in text_of(result) and "output unreadable" in text_of(result)
+    assert "root:" not in text_of(result)
+
+
 def test_a_link_planted_at_background_refuses_start(servers, files, state, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -352,6 +371,27 @@ def test_the_day_cap_counts_starts_and_says_when_a_place_frees(servers, files, s
     result = server.call("start", {"program": "true"}, meta=META)
     assert result.get("isError") is True
     assert "the most in a day" in text_of(result) and "a place frees up at" in text_of(result)
+
+
+def test_starts_dated_ahead_by_a_clock_since_corrected_age_from_when_they_were_first_seen(servers, files, state):
+    records.ensure_state(str(state))
+    two_days_ahead = time.time() + 2 * 86400  # written while the wall clock was two days ahead
+    (state / records.STARTS).write_text(f"{two_days_ahead:.3f}\n{two_days_ahead + 60:.3f}\n")
+    server = servers(background_argv(files, state, per_day="2"))
+    server.initialize()
+
+    def frees_at() -> str:
+        result = server.call("start", {"program": "true"}, meta=META)
+        assert result.get("isError") is True, text_of(result)
+        return text_of(result).rsplit("a place frees up at ", 1)[1]
+
+    first_seen = time.time()
+    first = frees_at()
+    assert all(float(line) <= time.time() for line in (state / records.STARTS).read_text().split())
+    assert abs(datetime.fromisoformat(first).timestamp() - (first_seen + 86400)) < 5, first  # a day from now
+    second = int(time.time()) + 1
+    wait_for(lambda: time.time() >= second, what="the next second of the wall clock")
+    assert frees_at() == first  # the time named does not move on with each try
 
 
 def test_list_shows_this_conversations_commands_newest_first(bg, state):

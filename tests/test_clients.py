@@ -176,7 +176,7 @@ def test_null_optional_arguments_of_command_are_absent(client):
 
 def test_a_null_required_argument_is_refused_as_missing(client):
     result = client.call("command", {"program": None})
-    assert result["isError"] is True and "program must be a string" in text_of(result)
+    assert result["isError"] is True and "program is missing" in text_of(result)
 
 
 def test_null_optional_arguments_of_the_background_tools_are_absent(background):

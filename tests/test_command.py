@@ -256,7 +256,7 @@ def test_star_allows_any_program_on_the_path(servers, files):
     ({"program": "sh", "timeout": "1"}, "timeout must be"),
     ({"program": "sh", "folder": 1}, "folder must be a string"),
     ({"program": 3, "cwd": "x"}, "[ignored cwd: "),
-    ({}, "program must be a string"),
+    ({}, "program is missing"),
 ])
 def test_wrong_argument_types_are_tool_errors_that_say_what_to_give(server, arguments, words):
     result = server.call("command", arguments)

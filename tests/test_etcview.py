@@ -8,21 +8,25 @@ changes a file, as the view takes its source folder as a parameter.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import queue
+import secrets
 import shlex
 import shutil
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, serve_argv, require_sandbox, text_of, wait_for
+from conftest import clean_env, serve_argv, require_sandbox, spare_ready, text_of, wait_for
 from up_harness import Up
 
 from linkrun import agent
-from linkrun.detached import records
-from linkrun.sandboxing import etcview, sandbox
+from linkrun.detached import filing, records
+from linkrun.sandboxing import etcrule, etcview, sandbox
 
 
 def stand_in(tmp_path: Path) -> Path:
@@ -40,7 +44,7 @@ def stand_in(tmp_path: Path) -> Path:
     (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (etc / "hostname").write_text("one\n")
     (etc / "hosts").write_text("127.0.0.1 localhost\n")
-    (etc / "hosts").chmod(0o600)
+    (etc / "hosts").chmod(0o604)  # an odd mode, readable by everyone: kept as it is
     (etc / "localtime").symlink_to("/usr/share/zoneinfo/Etc/UTC")
     (etc / "python3.11").mkdir()  # allowed by a pattern
     (etc / "python3.11" / "sitecustomize.py").write_text("")
@@ -97,6 +101,87 @@ def test_the_view_holds_exactly_the_allowed_entries_with_their_modes(tmp_path):
     for name in allowed:
         assert shown[name] == host[name], name  # the same type, mode, text, or link target
     assert stat.S_IMODE(view_of(state).stat().st_mode) == stat.S_IMODE(etc.stat().st_mode)
+
+
+PRIVATE_KEY = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIAn0tAkey/base64==\n-----END PRIVATE KEY-----\n"
+CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIBdDCCARmgAwIBAgIU/base64==\n-----END CERTIFICATE-----\n"
+# Where RHEL and Fedora keep private keys under /etc/pki, and public files beside them: (path, mode, text).
+# Modes as those systems give them; the folders' modes follow.
+PKI = [
+    ("CA/private/cakey.pem", 0o600, PRIVATE_KEY),
+    ("CA/private/notes.txt", 0o644, "readable, in a folder kept from the others\n"),
+    ("CA/cacert.pem", 0o644, CERTIFICATE),
+    ("entitlement/4711-key.pem", 0o640, PRIVATE_KEY),
+    ("entitlement/4711.pem", 0o644, CERTIFICATE),
+    ("consumer/key.pem", 0o640, PRIVATE_KEY),
+    ("consumer/cert.pem", 0o644, CERTIFICATE),
+    ("libvirt/private/serverkey.pem", 0o600, PRIVATE_KEY),
+    ("libvirt/servercert.pem", 0o644, CERTIFICATE),
+    ("tls/certs/localhost.crt", 0o644, CERTIFICATE + "-----BEGIN RSA PRIVATE KEY-----\nkey\n"),  # bundled by mistake
+    ("tls/certs/ca-bundle.crt", 0o644, CERTIFICATE * 3),
+    ("tls/misc/lone.key", 0o644, "-----BEGIN EC PRIVATE KEY-----\nkey\n-----END EC PRIVATE KEY-----\n"),
+    ("tls/misc/ssh_host_ed25519_key", 0o644, "-----BEGIN OPENSSH PRIVATE KEY-----\nkey\n"),
+    ("tls/misc/encrypted.pem", 0o644, "-----BEGIN ENCRYPTED PRIVATE KEY-----\nkey\n"),
+    ("tls/misc/pgp.asc", 0o644, "-----BEGIN PGP PRIVATE KEY BLOCK-----\nkey\n"),
+    ("rpm-gpg/RPM-GPG-KEY-fedora", 0o644, "-----BEGIN PGP PUBLIC KEY BLOCK-----\nkey\n"),
+    ("ca-trust/extracted/pem/tls-ca-bundle.pem", 0o644, CERTIFICATE),
+    ("java/cacerts", 0o644, "a trust store\n"),
+    ("hidden/unlisted.pem", 0o644, CERTIFICATE),  # in a folder others may enter but not list
+    ("group-only/shared.pem", 0o644, CERTIFICATE),  # in a folder its group alone may enter
+]
+FOLDER_MODES = {"CA/private": 0o700, "libvirt/private": 0o750, "hidden": 0o711, "group-only": 0o750}
+# A world-readable file whose key marker is cut across the copy's reads (1 MiB each).
+LONG_KEY = "tls/certs/long.pem"
+PKI_SHOWN = {"pki", "pki/CA", "pki/CA/cacert.pem", "pki/entitlement", "pki/entitlement/4711.pem", "pki/consumer",
+             "pki/consumer/cert.pem", "pki/libvirt", "pki/libvirt/servercert.pem", "pki/tls", "pki/tls/certs",
+             "pki/tls/certs/ca-bundle.crt", "pki/tls/misc", "pki/rpm-gpg", "pki/rpm-gpg/RPM-GPG-KEY-fedora",
+             "pki/ca-trust", "pki/ca-trust/extracted", "pki/ca-trust/extracted/pem",
+             "pki/ca-trust/extracted/pem/tls-ca-bundle.pem", "pki/java", "pki/java/cacerts", "pki/tls/private-link"}
+
+
+def plant_pki(pki: Path) -> None:
+    """PKI's files and folders below `pki`, with their modes; a link to a private key beside them."""
+    for rel, mode, text in PKI:
+        path = pki / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(mode)
+    with open(pki / LONG_KEY, "w") as f:
+        f.write("x" * ((1 << 20) - 10) + PRIVATE_KEY)
+    (pki / "tls" / "private-link").symlink_to("../CA/private/cakey.pem")
+    for rel, mode in FOLDER_MODES.items():
+        (pki / rel).chmod(mode)
+
+
+def test_the_view_shows_no_private_key_by_the_modes_and_the_content_of_what_it_copies(tmp_path):
+    """Only what everyone on the host may read, in folders everyone may list and enter, and no
+    file holding a PEM private key: as root the view's files would be root's to read, whatever their mode."""
+    etc, state = stand_in(tmp_path), tmp_path / "state"
+    state.mkdir()
+    shutil.rmtree(etc / "pki")
+    plant_pki(etc / "pki")
+    etcview.ensure(str(state), str(etc))
+    view = view_of(state)
+    shown = {name for name in tree(view) if name.startswith("pki")}
+    assert shown == PKI_SHOWN
+    assert os.readlink(view / "pki" / "tls" / "private-link") == "../CA/private/cakey.pem"  # to nothing inside
+    assert not (view / "pki" / "tls" / "private-link").exists()
+    for name in shown:
+        if not os.path.islink(view / name):
+            assert stat.S_IMODE((view / name).stat().st_mode) == stat.S_IMODE((etc / name).stat().st_mode), name
+    assert all(b"PRIVATE KEY" not in path.read_bytes() for path in view.rglob("*") if path.is_file())
+
+
+def test_a_view_made_by_an_earlier_rule_is_made_again(tmp_path):
+    """An agent's view made before the rule (which may hold private keys) is not kept for want of a change."""
+    etc, state = stand_in(tmp_path), tmp_path / "state"
+    state.mkdir()
+    first = settled(state, etc)
+    printed = Path(f"{first}.print")
+    printed.write_bytes(printed.read_bytes().replace(b"\0" + etcrule.RULE.encode(), b"", 1))  # as before the rule
+    etcview._prints.clear()  # as a new serve reads the print
+    etcview.ensure(str(state), str(etc))
+    assert view_of(state) != first
 
 
 def test_a_view_is_made_again_only_when_an_entry_changed(tmp_path):
@@ -169,6 +254,53 @@ def test_a_change_of_a_host_file_reaches_the_next_call(tmp_path, servers):
     wait_for(lambda: "two" in cat(server, "/etc/hostname"), timeout=30, interval=0.2, what="the changed hostname inside")
     assert "two" in cat(server, "/etc/hostname")
     assert "private key" not in cat(server, "/etc/ssl/private/host.key")
+    assert server.close() == 0
+
+
+def lock_waiters(path: Path) -> int:
+    """How many flocks of `path` are waited for now (the kernel's lock table, /proc/locks)."""
+    inode = path.stat().st_ino
+    with open("/proc/locks") as f:
+        return sum(1 for line in f if " -> " in f" {line}" and line.split()[-3].endswith(f":{inode}"))
+
+
+def answer(server, request_id: str, got: dict[str, dict]) -> dict | None:
+    """The call's answer if it came (kept in `got`), else None at once."""
+    if request_id not in got:
+        with contextlib.suppress(queue.Empty):
+            got[request_id] = server.wait_response(request_id, timeout=0.01)
+    return got.get(request_id)
+
+
+def send_cat(server, request_id: str) -> None:
+    server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                 "params": {"name": "command", "arguments": {"program": "cat", "args": ["/etc/hostname"]}}})
+
+
+def test_every_call_after_a_change_was_heard_shows_it_while_another_copies_the_new_view(tmp_path, servers):
+    """A rebuild holds the view's lock while it copies (here the test holds
+    it, as long as it wants): a call that comes meanwhile waits for the new
+    view, and never gets the old one, nor a spare made from it."""
+    require_sandbox()
+    etc, state, server = serving_a_stand_in(tmp_path, servers)
+    lock = state / records.ETC_LOCK
+    got: dict[str, dict] = {}
+    with filing.hold(str(lock)):
+        (etc / "hostname").write_text("two\n")
+        for n in itertools.count():  # until a look at the change waits for the lock: the change was heard
+            send_cat(server, f"before-{n}")
+            wait_for(lambda n=n: lock_waiters(lock) or answer(server, f"before-{n}", got), what="a call's look or answer")
+            if lock_waiters(lock):
+                break
+        send_cat(server, "after")
+        wait_for(lambda: lock_waiters(lock) >= 2 or answer(server, "after", got), what="the call after to wait or answer")
+        early = answer(server, "after", got)
+    assert early is None, f"answered while the new view was being made: {text_of(early['result'])!r}"
+    outputs = [(answer(server, request_id, got) or server.wait_response(request_id, timeout=30))
+               ["result"]["structuredContent"]["output"] for request_id in (f"before-{n}", "after")]
+    assert outputs == ["two", "two"], outputs
+    spare_ready(server.process.pid)
+    assert all("two" in cat(server, "/etc/hostname") for _ in range(3))  # spares included
     assert server.close() == 0
 
 
@@ -284,3 +416,49 @@ def test_inside_etc_is_the_allow_list_as_root_and_as_a_user(up_as: Up):
     lines = {line.split(":")[0]: line.split()[1:] for line in text.splitlines() if line.startswith(("listed:", "found:"))}
     assert lines["listed"] == sorted(name for name in os.listdir("/etc") if etcview.wanted(name)), text
     assert lines["found"] == [], text
+
+
+@pytest.fixture
+def planted_pki() -> Iterator[Path]:
+    """PKI's layout planted in the host's /etc/pki, in a folder of its own, and
+    removed after the test (with /etc/pki, when the test made it)."""
+    if os.geteuid() != 0:
+        pytest.skip("planting files in the host's /etc needs root")
+    pki = Path("/etc/pki")
+    made = not pki.exists()
+    top = pki / f"lnk-test-{secrets.token_hex(4)}"
+    try:
+        top.mkdir(parents=True)
+        if made:
+            pki.chmod(0o755)
+        plant_pki(top)
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        if made:
+            with contextlib.suppress(OSError):  # another test's plant is still there: its test removes it
+                pki.rmdir()
+
+
+# Reads each file named in argv[2:] below argv[1]; prints each name and "read", "absent" or the error.
+READ_EACH = r"""
+import sys
+for name in sys.argv[2:]:
+    try:
+        with open(f"{sys.argv[1]}/{name}", "rb") as f:
+            f.read()
+        print(name, "read")
+    except FileNotFoundError:
+        print(name, "absent")
+    except OSError as error:
+        print(name, error.strerror)
+"""
+
+
+def test_no_private_key_planted_in_the_hosts_etc_pki_is_read_inside(planted_pki: Path, up_as: Up):
+    """The host's own /etc, as RHEL's and Fedora's hold keys, through a real `up` as root and as a user."""
+    names = [rel for rel, _, _ in PKI] + [LONG_KEY, "tls/private-link"]
+    text = up_as.python(READ_EACH, f"/etc/pki/{planted_pki.name}", *names)
+    seen = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.split(" ", 1)[0] in names)
+    assert seen == {name: "read" if f"pki/{name}" in PKI_SHOWN and name != "tls/private-link" else "absent"
+                    for name in names}, text

@@ -29,7 +29,7 @@ from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, kill_tagged, proce
                         running_as_root, start_up, stop_background)
 
 from linkrun.sandboxing import cgroups, sandbox
-from linkrun import config
+from linkrun import config, invocation
 from linkrun.messages import told
 from linkrun.errors import LinkRunError, UsageError
 from linkrun.sandboxing.launch import JOIN, Sandbox, prepare
@@ -418,14 +418,14 @@ def test_a_v2_group_is_joined_killed_as_a_whole_and_removed():
 
 
 CHECKS = ("from linkrun import doctor; from linkrun.sandboxing import cgroups; [print(l, w, '->', f) for l, w, f in "
-          "doctor.limit_checks(cgroups.Limits(1 << 30, 64, 150), False, 'no bus')]")
+          "doctor.limit_checks(cgroups.Limits(1 << 30, 64, 150), False, 'no bus', 120)]")
 
 
 def test_doctor_says_which_limits_hold_and_for_an_ordinary_user_which_do_not_and_why(readable_runtime):
     require_controllers("memory", "pids", "cpu")
     done = subprocess.run([sys.executable, "-I", "-c", CHECKS], capture_output=True, text=True, check=True)
     version = cgroups.find().version
-    assert done.stdout == f"ok per-call limits hold through cgroup v{version}: memory 1024M, tasks 64, cpu 150% -> \n"
+    assert done.stdout == f"ok per-call limits hold through cgroup v{version}: memory 1G, tasks 64, cpu 150% -> \n"
     if not running_as_root():
         return
     tester = ensure_tester()
@@ -433,11 +433,14 @@ def test_doctor_says_which_limits_hold_and_for_an_ordinary_user_which_do_not_and
                              capture_output=True, text=True, user=tester.pw_uid, group=tester.pw_gid,
                              extra_groups=[], cwd="/", env=clean_env(HOME=tester.pw_dir), check=True)
     lines = as_user.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["warn no per-call memory limit", "warn no per-call tasks limit",
-                                                      "warn no per-call cpu limit"]
+    assert [line.split(":")[0] for line in lines] == [
+        "warn per-call memory limit 1G holds for each process alone, not for the call",
+        "ok per-call tasks limit 64 holds for the call",
+        "warn per-call cpu limit 1.5 cores' worth holds as CPU time for each process"]
     container = os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
     fix = "this is a container: run the agent on the host" if container else "session that starts systemd --user"
-    assert all("writable only by root" in line and fix in line for line in lines), lines
+    assert all("writable only by root" in line for line in lines), lines
+    assert all(fix in line for line in lines if line.startswith("warn")), lines
 
 
 def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_cannot_hold(files):
@@ -446,15 +449,20 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
                                    "--limits", "memory=64M,tasks=32,cpu=150%", "--", *PASS_THROUGH])
     from linkrun.front import command_answer, tools
 
-    instructions = tools.Tools(settings).instructions()
-    assert ("Each call may use at most 64M of memory, 32 processes and threads, 1.5 cores' worth of CPU: past "
-            "its memory it is killed, past its processes a fork fails, and the answer says which limit bit.") \
-        in instructions
+    from linkrun.sandboxing import fallback
+
+    assert settings.limits is not None
+    everywhere = cgroups.Place(version=1, folders={"memory": "/m", "pids": "/p", "cpu": "/c"}, missing={})
+    held = fallback.holding(settings.limits, everywhere, 120)
+    assert command_answer.limits_sentence(held) == (
+        "Each call may use at most 64M of memory (past it the call is killed); 32 processes and threads at once "
+        "(past them a fork fails); 1.5 cores' worth of CPU (past it the call is slowed). The answer says which "
+        "limit bit.")
+    assert command_answer.limits_sentence(tools.Tools(settings).sandbox.holding) in tools.Tools(settings).instructions()
     nowhere = cgroups.Place(version=0, folders={}, missing={"memory": "no delegation", "pids": "no delegation",
                                                             "cpu": "no delegation"})
-    warnings = command_answer.limit_warnings(settings.limits, nowhere)
+    warnings = command_answer.limit_warnings(fallback.holding(settings.limits, nowhere, 120, euid=1000), nowhere)
     assert [w.split(" limit")[0] for w in warnings] == ["the per-call memory", "the per-call tasks",
                                                          "the per-call cpu"]
-    assert all("(no delegation): run lnk-link-run doctor for the fix" in w for w in warnings)
-    everywhere = cgroups.Place(version=1, folders={"memory": "/m", "pids": "/p", "cpu": "/c"}, missing={})
-    assert command_answer.limit_warnings(settings.limits, everywhere) == []
+    assert all(f"(no delegation): run {invocation.typed('doctor')} for the fix" in w for w in warnings)
+    assert command_answer.limit_warnings(held, everywhere) == []

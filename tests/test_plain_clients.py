@@ -173,7 +173,7 @@ def test_reads_text_is_a_header_then_exactly_the_bytes(plain, state):
     header, rest = header_and_bytes(result)
     value = result["structuredContent"]
     assert rest == value["text"] and rest.startswith("line one\n") and rest.endswith("it has ended)")
-    assert header.startswith(f"{command_id} · exited · bytes 0–{value['total']} of {value['total']}")
+    assert header.startswith(f"{command_id} · exited (exit 0) · bytes 0–{value['total']} of {value['total']}")
     assert "ended" in header and "wait_for_previous" in header  # every note is in the header
 
 

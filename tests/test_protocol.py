@@ -426,6 +426,28 @@ def test_J3_an_unparseable_line_is_a_parse_error_and_the_server_reads_on(legacy)
     assert legacy.process.poll() is None
 
 
+def test_J3_a_lone_surrogate_is_refused_by_the_requests_own_id_naming_where_it_is(legacy):
+    """JSON's grammar allows "\ud800"; UTF-8 cannot carry it, and orjson refuses the line."""
+    def check(case):
+        where, escaped = case
+        arguments = {"program": "echo", "args": ["fine", "ARG"], "input": "fine"}
+        line = orjson.dumps({"jsonrpc": "2.0", "id": "lone", "method": "tools/call",
+                             "params": {"name": "command", "arguments": arguments}})
+        legacy.send_raw(line.replace(b'"ARG"' if where == "args[1]" else b'"input"', escaped) + b"\n")
+        response = legacy.wait_response("lone")
+        assert error_of(response)["code"] == -32602, response
+        named = where if where.startswith("a key") else f"the argument {where}"
+        assert response["error"]["message"].startswith(f"{named} holds a lone surrogate"), response
+        assert legacy.request("ping")["result"] == {}
+
+    every([("args[1]", rb'"\ud800"'), ("args[1]", rb'"a\udc80b"'), ("args[1]", rb'"\udcff"'),
+           ("a key of the arguments", rb'"\ud800x"')], check)
+    legacy.send_raw(rb'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"reason":"\ud800"}}' + b"\n")
+    legacy.send_raw(rb'{"jsonrpc":"2.0","id":"\ud800","method":"ping"}' + b"\n")
+    assert error_of(legacy.wait_response(None))["code"] == -32600  # an id that cannot be written back
+    assert legacy.request("ping")["result"] == {}  # and the notification was not answered
+
+
 def test_J4_json_that_is_not_a_request_is_an_invalid_request_echoing_a_readable_id(legacy):
     def check(case):
         message, answer_id = case
@@ -1125,7 +1147,7 @@ def test_P1_the_progress_token_is_echoed_exactly_with_its_type(legacy):
         notes = progress_for(legacy, token)
         assert len(notes) >= 2, (token, notes)
         assert all(same_id(note["progressToken"], token) for note in notes)
-        assert notes[-1]["progress"] <= result["structuredContent"]["output_bytes"]
+        assert notes[-1]["progress"] <= result["structuredContent"]["seconds"]  # the call's seconds so far
     # "7" and 7 were two tokens of two calls: each got its own, none got both.
     assert len([m for m in messages(legacy) if m.get("method") == "notifications/progress"]) == sum(
         len(progress_for(legacy, token)) for token in tokens)
@@ -1161,7 +1183,9 @@ def test_P2_progress_rises_and_has_only_the_fields_of_its_version(serve, version
         if "total" in note:
             assert note["total"] >= note["progress"]
         assert ("message" in note) == (version >= "2025-03-26"), note
-    assert values[-1] <= TICKED
+    assert values[-1] <= float(text_of(result).split(" · ")[1].split()[0])  # its seconds so far
+    for note in notes:  # and its message, the bytes so far
+        assert "message" not in note or int(note["message"].removesuffix(" bytes of output so far")) <= TICKED, note
     assert "tick 3" in text_of(result)
 
 

@@ -306,11 +306,45 @@ def test_the_callers_session_keyring_is_out_of_reach(up_as: Up) -> None:
     assert "not found:" in text, text
 
 
+READ_KEY_LISTS = "for f in keys key-users; do echo \"$f: $(cat /proc/$f)\"; done"
+
+
+def test_proc_lists_no_key_in_a_call_or_a_background_command(up_as: Up) -> None:
+    """/proc/keys lists every key of the caller's uid that it may view, the caller's session's among them."""
+    result = up_as.command("sh", "-c", READ_KEY_LISTS)
+    assert not result.get("isError"), text_of(result)
+    assert result["structuredContent"]["output"].splitlines() == ["keys: ", "key-users: "], text_of(result)
+    command_id = up_as.start("sh", "-c", READ_KEY_LISTS)
+    up_as.wait_ended(command_id)
+    text = up_as.read_all(command_id)
+    assert text.splitlines()[1:] == ["keys: ", "key-users: "], text  # after the read's own line
+
+
 def test_a_key_added_by_one_call_is_not_found_by_the_next(up_as: Up) -> None:
     description = f"lnk-call-key-{secrets.token_hex(4)}"
     up_as.python(KEYS, key_numbers(), "add", description)
     text = up_as.python(KEYS, key_numbers(), "search", description)
     assert "not found:" in text, text
+
+
+# Socket families
+
+# Makes a vsock socket, and a pair of Unix sockets beside it; prints how each went.
+VSOCK = r"""
+import errno, socket
+for name, family in (("vsock", 40), ("unix", socket.AF_UNIX)):
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        print(name, "made")
+    except OSError as error:
+        print(name, errno.errorcode[error.errno])
+"""
+
+
+def test_no_vsock_socket_opens_in_a_call(up_as: Up) -> None:
+    """vsock is in no network namespace: on a virtual machine it reaches the hypervisor's listeners."""
+    text = up_as.python(VSOCK)
+    assert "vsock EAFNOSUPPORT\nunix made\n" in text, text
 
 
 # /dev

@@ -191,6 +191,31 @@ def test_the_program_gives_each_syscall_its_verdict_on_both_machines(name):
     assert verdict(x32_getpid) == (seccomp.KILL_PROCESS if name == "x86_64" else seccomp.ALLOW)
 
 
+# Socket families by number (linux/socket.h): those a sandbox keeps, and some of those it has no use for.
+KEPT_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+REFUSED_FAMILIES = {"AF_UNSPEC": 0, "AF_KEY": 15, "AF_PACKET": 17, "AF_RDS": 21, "AF_CAN": 29, "AF_TIPC": 30,
+                    "AF_BLUETOOTH": 31, "AF_ALG": 38, "AF_VSOCK": 40, "AF_QIPCRTR": 42, "AF_SMC": 43, "AF_XDP": 44,
+                    "AF_MCTP": 45, "a family yet to come": 46, "the largest": 0xFFFFFFFF}
+EAFNOSUPPORT = seccomp.RET_ERRNO | errno.EAFNOSUPPORT
+
+
+@pytest.mark.parametrize("name", ["x86_64", "aarch64"])
+def test_the_program_refuses_every_socket_family_but_unix_inet_inet6_and_netlink(name):
+    program = seccomp.program(name)
+    assert program is not None
+    numbers, arch = seccomp.SYSCALLS[name], seccomp.ARCHES[name]
+    for call in ("socket", "socketpair"):
+        for family in KEPT_FAMILIES.values():
+            assert run_filter(program, arch, numbers[call], family, 1, 0) == seccomp.ALLOW, (call, family)
+            assert run_filter(program, arch, numbers[call], 7 << 32 | family, 1, 0) == seccomp.ALLOW  # an int
+        for what, family in REFUSED_FAMILIES.items():
+            assert run_filter(program, arch, numbers[call], family, 1, 0) == EAFNOSUPPORT, (call, what)
+        # The kernel reads the family as an int: high bits set over vsock's number still make vsock.
+        assert run_filter(program, arch, numbers[call], 1 << 32 | 40, 1, 0) == EAFNOSUPPORT
+    read = {"x86_64": 0, "aarch64": 63}[name]
+    assert run_filter(program, arch, read, 40) == seccomp.ALLOW  # another syscall's 40 is no family
+
+
 def test_there_is_no_filter_for_other_machines(tmp_path):
     assert seccomp.program("riscv64") is None and seccomp.program("i686") is None
     assert seccomp.ensure(str(tmp_path), "riscv64") is None
@@ -358,6 +383,84 @@ def test_a_syscall_of_a_foreign_abi_kills_the_process(tmp_path):
     done = sandboxed(tmp_path, [need("python3"), "-I", "-c", RUN_ABI, str(tmp_path / "abi")])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["x32", str(-signal.SIGSYS), "i386", str(-signal.SIGSYS)]
+
+
+# Run inside with {name: family} as argv[1]: makes a socket of each family (and a pair of two), prints
+# {name: "ok" or the errno's name}, then uses the families kept as programs do.
+SOCKETS = r"""
+import ctypes, errno, json, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+
+def made(result, *fds):
+    if result < 0:
+        return errno.errorcode[ctypes.get_errno()]
+    for fd in fds:
+        os.close(fd)
+    return "ok"
+
+out = {}
+for name, family in json.loads(sys.argv[1]).items():
+    kind = socket.SOCK_DGRAM if name == "AF_NETLINK" else socket.SOCK_STREAM
+    fd = libc.socket(family, kind, 0)
+    out[name] = made(fd, fd)
+pair = (ctypes.c_int * 2)()
+for name, family in (("pair AF_UNIX", 1), ("pair AF_VSOCK", 40)):
+    out[name] = made(libc.socketpair(family, socket.SOCK_STREAM, 0, pair), *(pair if pair[0] > 0 else ()))
+    pair[0] = pair[1] = -1
+uses = out["uses"] = {}
+a, b = socket.socketpair()
+a.send(b"x")
+uses["unix"] = b.recv(1).decode()
+for host, family in (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)):
+    try:
+        with socket.create_server((host, 0), family=family) as server:
+            with socket.create_connection(server.getsockname()[:2], timeout=5) as client:
+                client.send(b"y")
+                uses[host] = server.accept()[0].recv(1).decode()
+    except OSError as error:
+        uses[host] = errno.errorcode[error.errno]
+uses["interfaces"] = [name for _, name in socket.if_nameindex()]  # through netlink
+for flags in (0, socket.AI_ADDRCONFIG):  # glibc asks netlink which families have an address
+    try:
+        uses[f"localhost {flags}"] = sorted({found[4][0] for found in socket.getaddrinfo("localhost", 80, flags=flags)})
+    except socket.gaierror as error:
+        uses[f"localhost {flags}"] = str(error)
+print(json.dumps(out))
+"""
+PROBED_FAMILIES = KEPT_FAMILIES | {name: family for name, family in REFUSED_FAMILIES.items() if family < 0xFFFF}
+
+
+def sockets(state: Path, *, filtered: bool = True, user: str | None = None) -> dict:
+    done = sandboxed(state, [need("python3"), "-I", "-c", SOCKETS, json.dumps(PROBED_FAMILIES)], filtered=filtered,
+                     user=user)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def check_sockets(state: Path, user: str | None = None) -> None:
+    """Inside, only the kept families make sockets, the others fail with EAFNOSUPPORT; the kept ones
+    work as they do without the filter (a loopback, the interfaces and names found through netlink)."""
+    inside, unfiltered = sockets(state, user=user), sockets(state, filtered=False, user=user)
+    assert inside.pop("uses") == unfiltered.pop("uses")
+    assert inside == ({name: "ok" for name in KEPT_FAMILIES} | {"pair AF_UNIX": "ok"}
+                      | {name: "EAFNOSUPPORT" for name in PROBED_FAMILIES if name not in KEPT_FAMILIES}
+                      | {"pair AF_VSOCK": "EAFNOSUPPORT"})
+    assert {name: unfiltered[name] for name in KEPT_FAMILIES} == {name: "ok" for name in KEPT_FAMILIES}
+    if os.path.exists("/dev/vsock"):  # the kernel has vsock: without the filter, a socket is made
+        assert unfiltered["AF_VSOCK"] == "ok", unfiltered
+
+
+def test_a_socket_of_a_family_a_sandbox_has_no_use_for_fails_with_eafnosupport(tmp_path):
+    """vsock above all: no network namespace covers it, so on a virtual machine it reaches the host's listeners."""
+    require_sandbox()
+    need_filter()
+    check_sockets(tmp_path)
+
+
+def test_the_same_socket_families_are_refused_for_an_ordinary_user(tmp_path, ordinary_user):
+    require_sandbox()
+    need_filter()
+    check_sockets(tmp_path, ordinary_user)
 
 
 # -- the tools still work ----------------------------------------------------------------------

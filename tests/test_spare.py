@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (descendants, kill_quietly, require_sandbox, spare_ready as waiting_spare, spares_of, text_of,
+from conftest import (descendants, kill_quietly, parent_of, require_sandbox, spare_ready as waiting_spare, spares_of, text_of,
                       wait_for, waiting_spares)
 from linkrun.sandboxing import strays
 from linkrun.processes import spare as spare_module
@@ -160,6 +160,37 @@ def test_a_new_serve_ends_the_sandboxes_a_killed_one_left_behind(up_as: Up, requ
         second.server.kill()
 
 
+def spare_processes(up: Up) -> dict[str, int]:
+    """The waiting spare's outer bwrap (serve's child), its init (the outer's), and its loader (the init's)."""
+    serve = up.server.process.pid
+    found = spares_of(serve)
+    outer = next(pid for pid in found if parent_of(pid) == serve)
+    init = next(pid for pid in found if parent_of(pid) == outer)
+    return {"outer": outer, "init": init, "loader": next(pid for pid in found if parent_of(pid) == init)}
+
+
+@pytest.mark.parametrize("killed, stopped", [("loader", "init"), ("init", "outer"), ("outer", None)])
+def test_a_spare_killed_from_outside_is_never_handed_a_call(up_as: Up, killed: str, stopped: str | None) -> None:
+    """Killed, then a call at once: the call runs its program in a sandbox
+    made for it. The process that would notice the death first is stopped
+    meanwhile, so that the call surely comes before it did."""
+    spare_ready(up_as)
+    pids = spare_processes(up_as)
+    try:
+        if stopped is not None:
+            os.kill(pids[stopped], signal.SIGSTOP)
+        os.kill(pids[killed], signal.SIGKILL)
+        result = up_as.server.call("command", {"program": "sh", "args": ["-c", IN_SPARE + "; echo ran"],
+                                               "folder": "work"}, timeout=20)
+    finally:
+        if stopped is not None:
+            kill_quietly(pids[stopped], signal.SIGCONT)
+    assert not result.get("isError") and result["structuredContent"]["exit"] == 0, text_of(result)
+    assert result["structuredContent"]["output"].split() == ["made", "ran"]
+    spare_ready(up_as)  # after a quiet while, spares again
+    assert call(up_as, IN_SPARE)[0] == "spare"
+
+
 def burst(up: Up, size: int, first_id: int) -> list[str]:
     """`size` calls sent at once, each holding the others for a moment: which sandbox each ran in."""
     ids = [f"burst-{first_id + n}" for n in range(size)]
@@ -184,10 +215,11 @@ class StandIn:
     of this process, never readable while the test runs: a spare that runs."""
 
     def __init__(self, pidfd: int) -> None:
-        self.leader = type("Running", (), {"pidfd": pidfd})()
+        process = type("Process", (), {"pid": os.getpid()})()
+        self.leader = type("Running", (), {"pidfd": pidfd, "sandbox_init": None, "process": process})()
 
     def prepare(self) -> tuple[object, str]:
-        return type("Held", (), {"close": lambda self: None})(), "shown"
+        return type("Held", (), {"close": lambda self: None, "init_pid": None})(), "shown"
 
     def spare(self, key: str) -> spare_module.Spare:
         launch, _ = self.prepare()
@@ -269,7 +301,7 @@ def test_the_loader_hands_the_program_the_environment_it_was_given_under_dash_an
     for shell in shells:
         done = subprocess.run([shell, "-c", spare_module.LOADER], input=data, env={"KEPT": "1"}, cwd="/",
                               capture_output=True, check=True)
-        assert done.stdout == b"KEPT=1\n", (shell, done.stdout)
+        assert done.stdout == spare_module.ACK + b"KEPT=1\n", (shell, done.stdout)  # its word, then the program's
 
 
 def test_calls_at_once_do_not_queue_behind_a_spare_being_made(stand_in: StandIn) -> None:
@@ -319,3 +351,39 @@ def test_a_failing_job_turns_the_spares_off_and_no_call_waits_for_them(stand_in:
     assert done.wait(10), "a call waited for spares that are off"
     spares.done(True)
     spares.close()
+
+
+def ended_pidfd() -> int:
+    """A pidfd of a process that has ended: the leader of a spare whose bwrap was killed."""
+    child = subprocess.Popen(["sleep", "1000"])
+    pidfd = os.pidfd_open(child.pid)
+    child.kill()
+    child.wait()
+    return pidfd
+
+
+def test_a_spare_ended_before_its_call_pauses_the_spares_and_only_repeated_ones_turn_them_off(
+        monkeypatch, stand_in: StandIn, capsys) -> None:
+    # The pool alone: each spare it makes has ended before its call comes.
+    monkeypatch.setattr(spare_module, "QUIET", 1.0)
+    dead = ended_pidfd()
+    made: list[spare_module.Spare] = []
+
+    def start(launch, key):
+        made.append(StandIn(dead).spare(key))
+        return made[-1]
+
+    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None)
+    spares.make()
+    try:
+        for n in range(1, spare_module.FAILURES_OFF + 1):
+            wait_for(lambda n=n: len(made) == n, timeout=10, what=f"spare {n}, made again after a quiet while")
+            assert spares.take("shown") is None  # ended: never handed to the call
+            spares.done(True)
+            assert len(made) == n  # none made in the quiet while
+            assert (spares.off is None) == (n < spare_module.FAILURES_OFF)
+        said = [line for line in capsys.readouterr().err.splitlines() if "from now on" in line]
+        assert len(said) == 1 and "ended before their calls" in said[0], said
+    finally:
+        spares.close()
+        os.close(dead)

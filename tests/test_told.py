@@ -324,6 +324,23 @@ def test_records_past_their_keep_are_removed_with_their_output(servers, files, s
     assert not [p for p in state.iterdir() if p.name.startswith(command_id)]
 
 
+def test_a_record_ended_ahead_by_a_clock_since_corrected_is_removed_its_keep_after_first_seen(state, files):
+    records.ensure_state(str(state))
+    command_id = records.new_id()
+    os.close(records.create_lock(str(state), command_id))
+    two_days_ahead = time.time() + 2 * 86400  # written while the wall clock was two days ahead
+    records.write(str(state), command_id, {
+        "v": 1, "id": command_id, "files": str(files), "state": "exited", "exit": 0, "thread": "t",
+        "program": "true", "args": [], "told": "no way in", "started": two_days_ahead - 1,
+        "ended": two_days_ahead, "keep": 1})
+    first_seen = time.time()
+    sweep(state)
+    record = records.load(str(state), command_id)
+    assert record is not None and first_seen <= record["ended"] <= time.time()  # dated when first seen
+    wait_for(lambda: sweep(state) and records.load(str(state), command_id) is None, timeout=15, interval=0.3,
+             what="the record to be removed a second after it was first seen")
+
+
 def test_stop_state_leaves_them_lost_and_a_new_serve_tells_each_once(servers, files, state, keyring, ways_in):
     way_in = ways_in()
     server = servers(told_argv(files, state, keyring, way_in.address))
@@ -423,18 +440,17 @@ def no_sweep_runs(state) -> bool:
 @pytest.mark.parametrize("moved", [True, False], ids=["a new address", "the same address"])
 def test_a_sweep_wakes_a_supervisor_backing_off_and_it_tells_at_once(servers, files, state, keyring, ways_in,
                                                                        tmp_path, moved):
-    """The way in answers 503 with Retry-After: 60, then the bridge is back
-    (on a new address, or on the same one) and runs its sweep: the message
-    comes at once, not a minute later."""
-    busy = ways_in("--status", "503", "--retry-after", "60", address=f"unix:{tmp_path / 'way-in.sock'}")
+    """The way in answers 503 (no Retry-After) four times, the supervisor
+    backs off 8 s, then the bridge is back (on a new address, or on the
+    same one) and runs its sweep: the message comes at once, not after the
+    backoff."""
+    busy = ways_in("--status", "503", address=f"unix:{tmp_path / 'way-in.sock'}")
     server = servers(told_argv(files, state, keyring, busy.address))
     server.initialize()
     command_id = start(server, program="sh", args=["-c", "echo x"])
     server.kill()  # serve's own sweeps out of the way: the bridge's sweep is the one that wakes
     wait_for(lambda: no_sweep_runs(state), what="serve's sweeps to end")
-    wait_record(state, command_id, lambda r: r["told"] == "untold" and r["first_try"], "a first try refused")
-    # The way in logs its answer after sending it: the record can be written first.
-    wait_for(lambda: answered(busy, "503") >= 1, what="the way in's 503 in its log")
+    fourth = answer_times(busy, "503", 4, timeout=30)[-1]  # tries at 0, 1, 3 and 7 s: the next at 15
     tries = answered(busy, "503")
     assert records.is_held(str(state), command_id)  # backing off, holding its lock
     if moved:
@@ -445,8 +461,30 @@ def test_a_sweep_wakes_a_supervisor_backing_off_and_it_tells_at_once(servers, fi
         back = ways_in(address=busy.address)
         flags = []
     sweep(state, *flags)
-    assert back.next(timeout=20)["id"] == command_id  # Retry-After alone would make it a minute
+    assert back.next(timeout=20)["id"] == command_id
+    assert time.monotonic() - fourth < 6, "told at the backoff's end, not at the sweep's wake"
     wait_record(state, command_id, lambda r: r["told"] == "told", "told")
     assert answered(busy, "503") == tries  # tried where the sweep said, not at the old address again
     wait_for(lambda: not records.is_held(str(state), command_id), what="the supervisor to exit")
     assert not os.path.exists(records.path(str(state), command_id, ".wake"))
+
+
+def test_a_sweeps_wake_is_kept_until_the_retry_after_ends_then_acted_on_at_once(servers, files, state, keyring,
+                                                                               ways_in):
+    """The way in answers 503 with Retry-After: 4; a sweep that comes at once
+    (as serve's start sweep does) names a new address. The second request
+    comes when the Retry-After ends, not when the sweep wakes the
+    supervisor, and goes where the sweep said."""
+    busy = ways_in("--status", "503", "--retry-after", "4")
+    server = servers(told_argv(files, state, keyring, busy.address))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "echo x"])
+    first = answer_times(busy, "503", 1, timeout=20)[0]
+    wait_record(state, command_id, lambda r: r["told"] == "untold" and r["first_try"], "a first try refused")
+    back = ways_in()
+    sweep(state, "--way-in", back.address, "--as", AGENT, "--keyring", str(keyring))
+    assert back.next(timeout=20)["id"] == command_id
+    # 4 s after the 503; 3 leaves room for the way in's log line, read late.
+    assert time.monotonic() - first >= 3, f"tried again {time.monotonic() - first:.3f} s after a Retry-After: 4"
+    assert answered(busy, "503") == 1  # the try after the Retry-After went where the sweep said
+    wait_record(state, command_id, lambda r: r["told"] == "told", "told")

@@ -229,8 +229,9 @@ def up_command(python: list[str], agent: Path, sandbox_file: Path, key_secret: s
 def initialize(server: RawServer, who: str) -> None:
     try:
         # up checks the sandbox before it answers: slow on a loaded machine.
-        server.request("initialize", {"protocolVersion": LEGACY, "capabilities": {},
-                                      "clientInfo": {"name": "escape-test", "version": "0"}}, timeout=60)
+        answer = server.request("initialize", {"protocolVersion": LEGACY, "capabilities": {},
+                                               "clientInfo": {"name": "escape-test", "version": "0"}}, timeout=60)
+        server.initialized = answer["result"]
         server.notify("notifications/initialized")
     except BaseException:
         server.kill()

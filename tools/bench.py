@@ -1090,8 +1090,15 @@ def repositories(files: str) -> None:
                     f"its own sandbox: {medians[('now', count, 'own')] / medians[('before', base, 'own')]:.2f}×")
 
 
+def startup(files: str):
+    from bench_start import startup as measure  # tools/, beside this script
+
+    measure(files, row)
+
+
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
-          "proxy": proxy_group, "faults": faults, "agents": agents, "repositories": repositories}
+          "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup,
+          "repositories": repositories}
 
 
 README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows

@@ -80,12 +80,21 @@ def uncount_start(state: str, before: int) -> None:
 
 
 def starts_since(state: str, since: float) -> list[float]:
+    """The starts after `since` (the caller holds start.lock). A start dated
+    in the future was written while the wall clock was ahead: it is dated
+    now the first time it is seen, in the file too, and ages from then (at
+    each check as now, it would hold its place until the clock reached it)."""
+    path = os.path.join(state, records.STARTS)
     now = records.now()
     try:
-        with open(os.path.join(state, records.STARTS)) as f:
-            times = [min(float(line), now) for line in f if line.strip()]  # the future counts as now
+        with open(path) as f:
+            times = [float(line) for line in f if line.strip()]
     except FileNotFoundError:
         return []
     except ValueError:
         times = []
+    if any(t > now for t in times):
+        times = [min(t, now) for t in times]
+        with contextlib.suppress(OSError):  # a full state folder: as now again at the next check
+            filing.write_whole(path, "".join(f"{t:.3f}\n" for t in times).encode())
     return [t for t in times if t > since]

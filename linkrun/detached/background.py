@@ -273,22 +273,24 @@ class Background:
     def entry(self, record: dict, folder: int | None) -> dict:
         """`folder`: background/, open, for a running command's bytes so far (None: as its record last said)."""
         ended = record.get("ended") or records.now()
-        total = record.get("bytes") or 0
+        total, unreadable = record.get("bytes") or 0, None
         if record["state"] in records.RUNNING_STATES and folder is not None:
-            total = self.output_total(folder, record) or total
-        return {
+            try:
+                total = outfile.output_total(folder, self.state, record["id"]) or total
+            except Refused as refused:  # a link planted on the host: this entry says so, not the whole list
+                unreadable = refused.message
+            except (OSError, outfile.Removed):
+                pass
+        entry = {
             "id": record["id"], "program": record["program"], "args": record["args"],
             "folder": record["folder"] or ".", "state": record["state"], "exit": record.get("exit"),
             "signal": record.get("signal"), "seconds": round(max(0.0, ended - record["started"]), 3),
             "bytes": total, "started": local_time(record["started"]), "told": record["told"],
             "limit": record.get("limit"),
         }
-
-    def output_total(self, folder: int, record: dict) -> int | None:
-        try:
-            return outfile.output_total(folder, self.state, record["id"])
-        except (OSError, outfile.Removed):
-            return None
+        if unreadable is not None:
+            entry["unreadable"] = unreadable
+        return entry
 
     def read(self, arguments: dict, meta: dict,
              progress: Callable[[float, float], None] | None = None) -> ReadChunk:

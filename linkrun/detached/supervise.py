@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import select
 import signal
@@ -240,7 +241,8 @@ class Supervisor:
 
         record = self.record
         box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
-                      record.get("seccomp"), Limits.of_record(record.get("limits")))
+                      record.get("seccomp"), Limits.of_record(record.get("limits")),
+                      longest=math.ceil(record["timeout"]))
         files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
@@ -290,7 +292,6 @@ class Supervisor:
         watch.drain(self.out_r, self.output.pump)
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
         from ..sandboxing.gitcheck import Meanwhile  # the git check while the program runs too
-
         watch.run(self.look_for_a_stop if self.launch.git is None else
                   Meanwhile(self.launch.git, [], self.look_for_a_stop, lambda note: self.log(f"git check: {note}")))
         self.gate.wait()
@@ -301,6 +302,10 @@ class Supervisor:
         os.close(self.out_r)
         self.output.finish()
         ending = watch.ending
+        if self.record.get("limit") is None and self.launch.holding is not None and self.launch.holding.by_rlimit:
+            from ..sandboxing.fallback import bitten  # its output is a file, not looked into: cpu alone is told
+
+            self.record["limit"] = bitten(self.launch.holding, watch.exit, watch.signal, b"")
         if ending is None and self.signalled is not None:
             ending = State.LOST
         return self.finish(ending or State.EXITED, watch.exit, watch.signal)

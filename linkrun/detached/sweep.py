@@ -20,7 +20,8 @@ from ..messages import telling
 from .records import State, Told
 from .outfile import measure
 from ..config import split_flags, way_in_flags
-from ..errors import UsageError
+from ..errors import LinkRunError, UsageError
+from ..invocation import typed
 
 STOP_WAIT = 10.0
 
@@ -108,7 +109,7 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
                 counts["told"] += 1
             elif outcome == "not reached":
                 reachable[0] = False
-        if record.get("told") in records.SETTLED and expired(record):
+        if record.get("told") in records.SETTLED and expired(state, record):
             remove_files(state, record, names)
             counts["removed"] += 1
     finally:
@@ -117,8 +118,8 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
 
 def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | None) -> None:
     """A supervisor that holds its lock while it backs off from an unreachable
-    way in: a wake file makes it try again at once, at the way in this sweep
-    was given (the bridge runs a sweep as it starts, perhaps on a new address)."""
+    way in: a wake file makes it try again at once (once a Retry-After ends),
+    at the way in this sweep was given (the bridge runs a sweep as it starts, perhaps on a new address)."""
     record = records.load(state, command_id)
     if not isinstance(record, dict) or record.get("state") in records.RUNNING_STATES:
         return
@@ -126,7 +127,8 @@ def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | N
         return
     way_in = override or telling.WayIn.of(record)
     telling.write_wake(state, command_id, way_in)
-    log(f"{command_id}: its supervisor is backing off: woken to try {way_in.address} at once")
+    log(f"{command_id}: its supervisor is backing off: woken to try {way_in.address} at once "
+        "(or once a Retry-After the way in gave it ends)")
 
 
 def set_aside(state: str, command_id: str, why: str) -> None:
@@ -134,7 +136,7 @@ def set_aside(state: str, command_id: str, why: str) -> None:
     where = records.set_aside(state, command_id)
     _unlink(records.path(state, command_id, records.LOCK))
     log(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, stays in "
-        f"{records.BACKGROUND}/{records.output_name(command_id)} of the files folder (lnk-link-run doctor names both)")
+        f"{records.BACKGROUND}/{records.output_name(command_id)} of the files folder ({typed('doctor')} names both)")
 
 
 def remove_orphan_locks(state: str) -> None:
@@ -245,7 +247,7 @@ def last_sign_of_life(state: str, record: dict) -> float:
 def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     """A sweep's attempt, in its own ten-minute window."""
     now = records.now()
-    if record.get("sweep_first_try") is None:
+    if record.get("sweep_first_try") is None or record["sweep_first_try"] > now:  # or dated by a clock ahead
         record["sweep_first_try"] = now
     way_in = override or telling.WayIn.of(record)
     delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"))
@@ -257,11 +259,19 @@ def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     return delivery.outcome
 
 
-def expired(record: dict) -> bool:
+def expired(state: str, record: dict) -> bool:
+    """Whether a record is past its keep. An end dated in the future was
+    written while the wall clock was ahead: the sweep that first sees it
+    dates it now, in the record, and it is kept from then (the caller holds
+    the record's lock)."""
     ended = record.get("ended")
     if ended is None:
         return False
-    return min(ended, records.now()) + record.get("keep", 0) <= records.now()
+    now = records.now()
+    if ended > now:
+        record["ended"] = now
+        records.write(state, record["id"], record)
+    return record["ended"] + record.get("keep", 0) <= now
 
 
 def remove_files(state: str, record: dict, names: list[str] | None = None) -> None:
@@ -324,9 +334,31 @@ def stop_all(state: str, reason: str) -> list[str]:
     return running
 
 
+AGENT_PARTS = ("Files", "Config", "Agent", "State")  # an agent's folder holds them; a state folder never does
+
+
+def _state_folder(argv: list[str], command: str) -> str | None:
+    """--state, checked before anything is stopped or removed: an agent's
+    folder given for its state folder is refused (`remove` would delete the
+    agent's files), and so is a folder that does not exist, unless it is the
+    state folder of an agent's folder (removed already: None, nothing to do)."""
+    state = _state_flag(argv, command)
+    if any(os.path.isdir(os.path.join(state, part)) for part in AGENT_PARTS):
+        raise LinkRunError(f"{state} is an agent's folder, not its state folder",
+                           f"give its state folder: lnk-link-run {command} --state {os.path.join(state, 'State')}")
+    if os.path.isdir(state):
+        return state
+    parent = os.path.dirname(state)
+    if os.path.basename(state) == "State" and any(os.path.isdir(os.path.join(parent, p)) for p in AGENT_PARTS):
+        return None
+    raise LinkRunError(f"--state {state}: no such folder",
+                       "give the agent's state folder: State/ in the agent's folder")
+
+
 def main_stop(argv: list[str]) -> int:
-    state = _state_flag(argv, "stop")
-    if not os.path.isdir(state):
+    state = _state_folder(argv, "stop")
+    if state is None:
+        print("no state folder: no background command runs", file=sys.stderr)
         return 0
     stopped = stop_all(state, records.AGENT_STOPPING)
     print(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back",
@@ -335,8 +367,9 @@ def main_stop(argv: list[str]) -> int:
 
 
 def main_remove(argv: list[str]) -> int:
-    state = _state_flag(argv, "remove")
-    if not os.path.isdir(state):
+    state = _state_folder(argv, "remove")
+    if state is None:
+        print("no state folder: removed already, or never made", file=sys.stderr)
         return 0
     # Under start.lock: no start can slip in between the mark and the stop.
     with filing.hold(os.path.join(state, records.START_LOCK)), open(os.path.join(state, records.REMOVED), "w") as f:

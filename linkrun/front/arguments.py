@@ -52,6 +52,8 @@ def check_run(arguments: Mapping[str, object], programs: Programs, longest: int)
     """The checks `command` and `start` share: arguments → a resolved Request;
     `longest`: serve's --timeout, the default and the most."""
     program = arguments.get("program")
+    if program is None:
+        raise Refused("program is missing", "give the program to run: a bare name such as python3, or an absolute path")
     if not isinstance(program, str):
         raise Refused("program must be a string", "give a bare name such as python3, or an absolute path")
     _check_path_size("program", program)

@@ -29,7 +29,10 @@ _ENTRY = {
         "started": {"type": "string"},
         "told": {"type": "string", "enum": list(records.TO_TELL + records.SETTLED)},
         "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
-                          '"tasks" (a fork was refused at its task limit), or null.'),
+                          '"tasks" (a fork was refused at its task limit), "cpu" (it used up its CPU time, '
+                          'an rlimit where no cgroup holds the cap), or null.'),
+        "unreadable": {"type": "string", "description": "Only when its output file could not be read now: why "
+                       "(bytes is then what its record last said)."},
     },
     "required": ["id", "program", "args", "folder", "state", "exit", "signal", "seconds", "bytes", "started", "told",
                  "limit"],
@@ -110,23 +113,32 @@ def stop_answer(entry: dict) -> ToolResult:
     return ToolResult(list_text([entry]), entry)
 
 
+LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "tasks": ", a fork refused at its task limit",
+                 "cpu": ", killed at its CPU time (SIGXCPU)"}
+
+
+def how_it_ended(record: dict) -> str:
+    """Its state, and once it ended its exit status or signal and the limit that bit:
+    "exited (exit 137), killed at its memory limit"."""
+    how = str(record["state"])
+    if record.get("exit") is not None:
+        how += f" (exit {record['exit']})"
+    elif record.get("signal"):
+        how += f" ({record['signal']})"
+    return how + LIMIT_ENDINGS.get(record.get("limit") or "", "")
+
+
 def list_text(entries: list[dict]) -> str:
     if not entries:
         return "No background command of this conversation's."
     lines = []
     for e in entries:
-        how = e["state"]
-        if e["exit"] is not None:
-            how += f" (exit {e['exit']})"
-        elif e["signal"]:
-            how += f" ({e['signal']})"
-        if e.get("limit") == "memory":
-            how += ", killed at its memory limit"
-        elif e.get("limit") == "tasks":
-            how += ", a fork refused at its task limit"
+        how = how_it_ended(e)
         command = " ".join([e["program"], *e["args"]])
         lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
                      f"told: {e['told']}\n  {command}  (in {e['folder']})")
+        if "unreadable" in e:
+            lines.append(f"  output unreadable: {e['unreadable']}")
     return "\n".join(lines)
 
 
@@ -142,9 +154,10 @@ def read_answer(chunk: ReadChunk, asked: int | None, settings: Serve) -> ToolRes
     dropped = record.get("dropped") or 0
     if dropped:
         structured["dropped"] = dropped
-    header = " · ".join([record["id"], record["state"], f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
-                         *_read_notes(chunk, asked, dropped, settings)])
-    return ToolResult(header + "\n" + text, structured, header=True)
+    notes = _read_notes(chunk, asked, dropped, settings)
+    header = " · ".join([record["id"], how_it_ended(record), f"bytes {chunk.offset}–{chunk.next} of {chunk.total}",
+                         *notes])
+    return ToolResult(header + "\n" + text, structured, header=True, notes=notes)
 
 
 def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, settings: Serve) -> list[str]:

@@ -6,43 +6,66 @@ serve's log.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from ..processes.capture import Capture
 from ..processes.child import signal_name
-from ..config import CONTROLLERS, Limits, Serve
+from ..config import Serve
+from ..invocation import typed
 from ..processes.runner import Outcome
-from ..units import describe_size, format_duration, killed_by_note
+from ..units import cores, describe_size, format_duration, killed_by_note
 
 if TYPE_CHECKING:
     from ..sandboxing.cgroups import Place
+    from ..sandboxing.fallback import Holding
+
+PER_CALL, PER_PROCESS, NOT_HELD = "per call", "per process", "no"  # as fallback.py says them
+LIMITS_SCHEMA = {
+    "type": "object",
+    "description": ('Each per-call limit set, with how it holds on this machine: {"memory": {"at_most": bytes, '
+                    '"holds": "per call" | "per process" | "no"}, "tasks": {...processes and threads}, "cpu": '
+                    '{...percent of one core}}. "per process": no cgroup here, an rlimit holds it for each process '
+                    'alone.'),
+    "additionalProperties": {
+        "type": "object",
+        "properties": {"at_most": {"type": "integer"}, "holds": {"type": "string", "enum": [PER_CALL, PER_PROCESS, NOT_HELD]}},
+        "required": ["at_most", "holds"],
+    },
+}
 
 
-def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: bool) -> str:
-    """How the call ended, the limit that bit, what it printed, and a refused write explained."""
+def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: bool,
+                 held: Holding | None = None) -> tuple[str, list[str]]:
+    """How the call ended, the limit that bit, what it printed, and a refused
+    write explained; and serve's notes among those lines (the limit, the
+    write), for the structured value too."""
     lines = [_ending(outcome, timeout, can_start)]
+    notes = []
     if outcome.limit is not None:
-        lines.append(limit_text(outcome.limit, settings.limits))
+        notes.append(limit_text(outcome.limit, held))
+        lines.append(notes[-1])
     lines += _stream_text("output", outcome.output)
     lines += _stream_text("errors", outcome.errors)
     if settings.write and _refused_write(outcome):
         writable = " and ".join(f"{w}/" for w in settings.write)
-        lines.append(f"[the sandbox refused a write: only {writable} of the files folder "
+        notes.append(f"[the sandbox refused a write: only {writable} of the files folder "
                      f"{'is' if len(settings.write) == 1 else 'are'} writable; chats/ and background/ never]")
-    return "\n".join(lines)
+        lines.append(notes[-1])
+    return "\n".join(lines), notes
 
 
 def git_note(notes: list[str]) -> str:
     """What the git check set aside after the call (gitcheck.py), for the agent to know; "" when nothing."""
     if not notes:
         return ""
-    return ("\n[the user's git would have run what this call wrote into a repository; set aside: "
+    return ("[the user's git would have run what this call wrote into a repository; set aside: "
             + "; ".join(notes) + "]")
 
 
-def command_structured(outcome: Outcome) -> dict[str, object]:
-    """The answer's structured value, as the command tool's outputSchema says."""
-    return {
+def command_structured(outcome: Outcome, held: Holding | None = None) -> dict[str, object]:
+    """The answer's structured value, as the command tool's outputSchema says (`limits` only with limits)."""
+    value: dict[str, object] = {
         "exit": outcome.exit,
         "signal": signal_name(outcome.signal) if outcome.signal is not None else None,
         "timed_out": outcome.timed_out,
@@ -53,6 +76,9 @@ def command_structured(outcome: Outcome) -> dict[str, object]:
         "errors": _shown(outcome.errors),
         "limit": outcome.limit,
     }
+    if held is not None:  # with limits: each one, and how it holds here
+        value["limits"] = held.structured()
+    return value
 
 
 def _refused_write(outcome: Outcome) -> bool:
@@ -89,32 +115,55 @@ def _shown(capture: Capture) -> str:
     return "\n".join(parts)
 
 
-def limits_sentence(limits: Limits) -> str:
-    """The agent's instructions on its per-call limits, as set (the machine may enforce fewer: serve's log
-    and `doctor` say which)."""
-    parts = []
-    if limits.memory:
-        parts.append(f"{describe_size(limits.memory)} of memory")
-    if limits.tasks:
-        parts.append(f"{limits.tasks} processes and threads")
-    if limits.cpu:
-        parts.append(f"{limits.cpu / 100:g} cores' worth of CPU")
-    return ("Each call may use at most " + ", ".join(parts) + ": past its memory it is killed, past its "
-            "processes a fork fails, and the answer says which limit bit.")
+def limits_sentence(held: Holding, background_timeout: int | None = None) -> str:
+    """The agent's instructions on its per-call limits: exactly those that hold here, and how
+    (`background_timeout`: with background commands, whose CPU time spans their longest run)."""
+    limits, parts = held.limits, []
+    if limits.memory is not None and "memory" not in held.not_held:
+        size = describe_size(held.at_most("memory"))
+        parts.append(f"{size} of memory (past it the call is killed)" if held.holds("memory") == PER_CALL else
+                     f"{size} of memory in each process (past it an allocation fails; its processes together may "
+                     "use more)")
+    if limits.tasks is not None and "tasks" not in held.not_held:
+        parts.append(f"{held.at_most('tasks')} processes and threads at once (past them a fork fails)")
+    if limits.cpu is not None and "cpu" not in held.not_held:
+        background = (f", {dataclasses.replace(held, longest=background_timeout).cpu_seconds} s in a background "
+                      "command" if background_timeout else "")
+        parts.append(f"{cores(limits.cpu)} of CPU (past it the call is slowed)" if "cpu" in held.by_cgroup else
+                     f"{held.cpu_seconds} s of CPU time in each process{background} ({cores(limits.cpu)} over the "
+                     "longest run; past it the process is killed)")
+    words = {"memory": "memory", "tasks": "processes", "cpu": "CPU"}
+    sentence = ("Each call may use at most " + "; ".join(parts) + ". ") if parts else ""
+    if held.not_held:
+        sentence += "No limit holds here on its " + " or ".join(words[name] for name in held.not_held) + ". "
+    return sentence + "The answer says which limit bit."
 
 
-def limit_warnings(limits: Limits, place: Place) -> list[str]:
-    """One line for each limit that this machine cannot hold, with why and what to do."""
-    names = {controller: name for name, controller in CONTROLLERS.items()}
-    return [f"the per-call {names[controller]} limit does not hold here ({place.missing.get(controller, 'no cgroup')}): "
-            "run lnk-link-run doctor for the fix"
-            for controller in limits.controllers() if controller not in place.holds(limits)]
+def limit_warnings(held: Holding, place: Place) -> list[str]:
+    """One line for each limit that this machine holds through no cgroup, with how it holds and what to do."""
+    names = {"memory": "memory", "pids": "tasks", "cpu": "cpu"}
+    how = {"memory": "holds for each process alone (RLIMIT_DATA)", "tasks": "holds for the call (RLIMIT_NPROC)",
+           "cpu": "holds as CPU time for each process, not as a cap (RLIMIT_CPU)"}
+
+    def held_how(name: str) -> str:
+        return how[name] if name in held.by_rlimit else "does not hold"
+
+    return [f"the per-call {names[controller]} limit {held_how(names[controller])} here "
+            f"({place.missing.get(controller, 'no cgroup')}): run {typed('doctor')} for the fix"
+            for controller in held.limits.controllers() if names[controller] not in held.by_cgroup]
 
 
-def limit_text(limit: str, limits: Limits | None) -> str:
+def limit_text(limit: str, held: Holding | None) -> str:
     """The limit that bit, in words, for a call's answer."""
+    by_rlimit = held is not None and limit in held.by_rlimit
+    if limit == "cpu":
+        seconds = f" of {held.cpu_seconds} s" if held is not None and "cpu" in held.by_rlimit else ""
+        return f"[it reached its CPU time{seconds} a process: the kernel killed it with SIGXCPU]"
     if limit == "memory":
-        size = f" of {describe_size(limits.memory)}" if limits is not None and limits.memory else ""
+        size = f" of {describe_size(held.at_most('memory'))}" if held is not None and held.limits.memory else ""
+        if by_rlimit:
+            return (f"[it likely reached its memory limit{size} a process: an allocation failed (no cgroup here: "
+                    "the limit holds for each process alone)]")
         return f"[it reached its memory limit{size}: the out-of-memory killer killed it]"
-    count = f" of {limits.tasks}" if limits is not None and limits.tasks else ""
-    return f"[it reached its limit{count} tasks: a fork or a new thread was refused]"
+    count = f" of {held.at_most('tasks')}" if held is not None and held.limits.tasks else ""
+    return f"[it {'likely ' if by_rlimit else ''}reached its limit{count} tasks: a fork or a new thread was refused]"

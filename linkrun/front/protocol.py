@@ -164,6 +164,47 @@ class Channel:
             return line
 
 
+def lenient_loads(line: bytes, problem: orjson.JSONDecodeError) -> object:
+    """A line orjson refused only for a lone surrogate escape (`"\\ud800"`:
+    JSON's grammar allows it, UTF-8 cannot carry it), read by the standard
+    library, so that the request is answered by its id; raises `problem` for
+    any other line. Only that line pays: every other line is orjson's alone.
+    NaN and Infinity stay refused, and big numbers read as orjson reads them."""
+    if "surrogate in string" not in str(problem):
+        raise problem
+    import json
+
+    def constant(name: str) -> object:
+        raise ValueError(name)
+
+    def number(text: str) -> int | float:
+        value = int(text)
+        return value if -2**63 <= value < 2**64 else float(value)
+
+    try:
+        return json.loads(line, parse_constant=constant, parse_int=number)
+    except ValueError:
+        raise problem from None
+
+
+def lone_surrogate(value: object, path: str = "") -> str | None:
+    """Where the first string holding a lone surrogate sits in a decoded
+    message (`params.arguments.args[1]`, or `a key of params`); None when none does."""
+    if isinstance(value, str):
+        return path if any(0xD800 <= ord(c) <= 0xDFFF for c in value) else None
+    if isinstance(value, list):
+        items = enumerate(value)
+        return next((found for at, item in items if (found := lone_surrogate(item, f"{path}[{at}]"))), None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if lone_surrogate(key) is not None:
+                return f"a key of {path or 'the message'}"
+            found = lone_surrogate(item, f"{path}.{key}" if path else key)
+            if found is not None:
+                return found
+    return None
+
+
 def error(request_id: object, code: int, message: str, data: object = None) -> dict:
     body: dict[str, object] = {"code": code, "message": message}
     if data is not None:

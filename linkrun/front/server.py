@@ -24,9 +24,10 @@ from ..processes import runner
 from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-    UNSUPPORTED_VERSION, Channel, error, result,
+    UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
+from .checks import Checks
 from .tools import CallContext, Tools, ToolResult
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -52,6 +53,7 @@ class Session:
         self.workers = Workers()
         self.instructions = tools.instructions()
         self.on_first_answer: Callable[[], None] | None = None  # called once the first message was handled
+        self.checks = Checks(None)  # up's, when serve runs in up's process: the calls that run a program wait
 
     # -- the read loop ----------------------------------------------------
 
@@ -97,7 +99,12 @@ class Session:
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError as problem:
-            self.channel.send(error(None, PARSE_ERROR, f"the line is not JSON ({problem}); send one JSON-RPC message a line"))
+            try:
+                refused = _lone_surrogate_refused(lenient_loads(line, problem))
+            except orjson.JSONDecodeError:
+                refused = error(None, PARSE_ERROR, f"the line is not JSON ({problem}); send one JSON-RPC message a line")
+            if refused is not None:
+                self.channel.send(refused)
             return
         if isinstance(message, list):
             self._batch(message)
@@ -267,7 +274,8 @@ class Session:
             response = None
             try:
                 progress = call.progress_sender(self.channel, version) if call.progress_token is not None else None
-                outcome = self._run_tool(name, arguments, CallContext(meta, call.cancel, progress))
+                outcome = self.checks.refusal(name) or self._run_tool(name, arguments,
+                                                                      CallContext(meta, call.cancel, progress))
                 response = self._answer_call(call, outcome, version, modern)
                 return response
             finally:
@@ -316,6 +324,24 @@ class Session:
         return result(call.id, self._complete(_tool_result(outcome, version), modern))
 
 
+def _lone_surrogate_refused(message: object) -> dict | None:
+    """The answer to a message holding a lone surrogate (a line orjson
+    refused): never run, as no answer, record or log could write the text
+    back; refused by its own id as invalid params, naming where it sits. A
+    notification or a response of the client's is not answered; an id that
+    holds one cannot be written back, and gets id null."""
+    where = lone_surrogate(message) or "the message"
+    where = where.replace("params.arguments.", "the argument ", 1).replace("params.arguments", "the arguments", 1)
+    text = (f"{where} holds a lone surrogate (an escape such as \\ud800 without its pair), which is not text: "
+            "send the text itself, as UTF-8")
+    if isinstance(message, dict) and ("method" not in message or "id" not in message):
+        return None
+    request_id = message.get("id") if isinstance(message, dict) else None
+    if not is_id(request_id) or lone_surrogate(request_id) is not None:
+        return error(None, INVALID_REQUEST, text)
+    return error(request_id, INVALID_PARAMS, text)
+
+
 class _BadParams(Exception):
     """A tools/call whose params are wrong: the message says what."""
 
@@ -337,7 +363,9 @@ def _tool_result(outcome: ToolResult, version: str) -> dict:
     return value
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
+    """serve; `checks`: up's work still to do when it runs serve in its own
+    process (checks.py), done after the handshake, before a program runs."""
     if argv and argv[0] in ("-h", "--help"):
         from ..config import SERVE_USAGE
         print(f"usage: {SERVE_USAGE}")
@@ -362,9 +390,18 @@ def main(argv: list[str]) -> int:
         sys.stderr.reconfigure(encoding="utf-8", errors="replace")
     tools = Tools(settings)
     session = Session(tools, Channel())
+    session.checks = Checks(checks)
     if tools.background is not None:
         tools.background.start_sweeping()
-    session.on_first_answer = tools.first_answered
+
+    def first_answered() -> None:
+        session.checks.start()
+        # Spares and the proxy are made with what the checks make (the /etc view).
+        session.checks.after(tools.first_answered)
+
+    session.on_first_answer = first_answered
     code = session.run()
+    if not session.checks.passed():
+        code = 1
     sys.stderr.flush()
     os._exit(code)  # daemon threads may still hold a killed call; do not wait for them

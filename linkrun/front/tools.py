@@ -14,12 +14,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..processes import runner
 from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
-from .command_answer import command_structured, command_text, git_note, limit_warnings, limits_sentence
+from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, limit_warnings, limits_sentence
 from ..config import Serve
 from ..errors import LinkRunError, Refused
 from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
@@ -38,10 +38,13 @@ class ToolResult:
     structured: dict[str, object] | None = None
     is_error: bool = False
     header: bool = False  # the text is a header line, then exactly a program's bytes
+    # Each also in the text; for the clients that give the model the structured value alone.
+    notes: list[str] = field(default_factory=list)
 
     def add_note(self, note: str) -> None:
         """A note of the server's: a last line of its own, or, after a header,
         at the header's end, so that the bytes below stay exactly the bytes."""
+        self.notes.append(note)
         if self.header:
             first, newline, rest = self.text.partition("\n")
             self.text = f"{first} · {note}{newline}{rest}"
@@ -106,17 +109,19 @@ _COMMAND_OUTPUT = {
         "seconds": {"type": "number"},
         "output": {"type": "string", "description": f"What it printed on its output: {_SHOWN}."},
         "errors": {"type": "string", "description": f"What it printed on its errors: {_SHOWN}."},
-        "limit": nullable("string", 'The limit that bit: "memory" when its out-of-memory killer killed, '
-                          '"tasks" when a fork was refused at its task limit, else null.'),
+        "limit": nullable("string", 'The limit that bit: "memory" when its out-of-memory killer killed (or, '
+                          'where an rlimit holds it, its errors show an allocation refused), "tasks" when a fork '
+                          'was refused at its task limit, "cpu" when it used up its CPU time (an rlimit), else null.'),
+        "limits": LIMITS_SCHEMA,
     },
     "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors",
                  "limit"],
 }
-_IGNORED = {
-    "type": "array",
-    "items": {"type": "string"},
-    "description": "The arguments given that this tool does not know, which it ignored (present only then).",
-}
+# Of every tool's structured value, present only when not empty.
+_EVERY_TOOLS_OUTPUT = {name: {"type": "array", "items": {"type": "string"}, "description": description} for name, description in (
+    ("ignored", "The arguments given that this tool does not know, which it ignored."),
+    ("notes", "The server's notes on this answer, each as the text has it: the proxy refused a host, the sandbox "
+              "refused a write, the call had no internet, a limit bit, arguments were ignored."))}
 
 
 class Tools:
@@ -129,7 +134,7 @@ class Tools:
         self._files_fd: int | None = None
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
                                os.path.join(settings.state, "proxy") if settings.proxy and settings.state else None,
-                               settings.seccomp, settings.limits)
+                               settings.seccomp, settings.limits, longest=settings.timeout)
         self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
         self._etc_watch_started = False
         # A sandbox made ahead of each call (spare.py), for a real sandbox with its init watched.
@@ -154,7 +159,7 @@ class Tools:
             self.table.update(table)
         for tool in self.table.values():
             schema = tool["outputSchema"]
-            tool["outputSchema"] = {**schema, "properties": {**schema["properties"], "ignored": _IGNORED}}
+            tool["outputSchema"] = {**schema, "properties": {**schema["properties"], **_EVERY_TOOLS_OUTPUT}}
 
     def first_answered(self) -> None:
         """After the session's first answer: what may wait until then."""
@@ -182,7 +187,8 @@ class Tools:
         from ..sandboxing import cgroups  # not at start: initialize never waits for it
 
         assert self.settings.limits is not None  # started only with limits
-        for line in limit_warnings(self.settings.limits, cgroups.place()):
+        assert self.sandbox.holding is not None  # with limits
+        for line in limit_warnings(self.sandbox.holding, cgroups.place()):
             print(f"lnk-link-run serve: {line}", file=sys.stderr, flush=True)
 
     def _proxy_ready(self) -> str | None:
@@ -264,8 +270,9 @@ class Tools:
         if s.write:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
                          "the rest is read-only, and chats/ and background/ are never writable.")
-        if s.limits is not None:
-            lines.append(limits_sentence(s.limits))
+        if self.sandbox.holding is not None:
+            background = s.background.timeout if "start" in self.table and s.background is not None else None
+            lines.append(limits_sentence(self.sandbox.holding, background))
         if "start" in self.table and s.background is not None:
             b = s.background
             if b.way_in is None:
@@ -304,6 +311,8 @@ class Tools:
                             f"{', '.join(sorted(known)) or 'none'}]")
             if result.structured is not None:
                 result.structured["ignored"] = ignored
+        if result is not None and result.notes and result.structured is not None:
+            result.structured["notes"] = list(result.notes)
         return result
 
     def _answer(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
@@ -324,8 +333,7 @@ class Tools:
         if name == "start":
             request = self.check_run(arguments)
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
-            # A planted link is refused now, not in the gate; the supervisor's launch looks at the repositories.
-            with self.launch(request, watch_init=False, git_check=False) as launch:
+            with self.launch(request, watch_init=False, git_check=False) as launch:  # a planted link: refused now
                 check_exec_size(launch)
             command_id = background.start(request, self.argv_tail(request), arguments, context.meta)
             return answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
@@ -355,8 +363,7 @@ class Tools:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
         return program_argv(request.program, request.args, self.settings.variables)
 
-    def launch(self, request: runner.Request, watch_init: bool = True, grouped: bool = True,
-               git_check: bool = True) -> Launch:
+    def launch(self, request: runner.Request, watch_init: bool = True, grouped: bool = True, git_check: bool = True) -> Launch:
         """The call's whole sandbox argv and its descriptors (see launch.py); a
         link planted on a path it binds is Refused, naming it."""
         self._watch_etc()
@@ -377,13 +384,19 @@ class Tools:
     def _start_spare(self, launch: Launch, key: object) -> Spare:
         return runner.start_spare(launch, key, self.settings.files)
 
-    def _take_spare(self, request: runner.Request, launch: Launch) -> tuple[Spare, bytes] | None:
-        """The spare for this call, with its script; None when a sandbox is made for it."""
+    def _take_spare(self, request: runner.Request, launch: Launch) -> Spare | None:
+        """The spare for this call, handed its script; None when a sandbox is
+        made for it (no spare shows what it would, or the one taken ended
+        before it read the script: nothing of the call ran, its input is whole)."""
         if self.spares is None:
             return None
         data = script(request, self.argv_tail(request), self.settings.files)
         spare = self.spares.take(self._key(launch), use=data is not None)
-        return (spare, data) if spare is not None and data is not None else None
+        if spare is None or data is None:
+            return None
+        handed = spare.hand_over(data, bool(request.input))
+        self.spares.handed(spare, handed)
+        return spare if handed else None
 
     def _watch_etc(self) -> None:
         """At the first launch (not at start: initialize never waits for it),
@@ -404,10 +417,10 @@ class Tools:
         request = self.check_run(arguments)
         folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
         progress = context.progress
-        report: Callable[[int], None] | None = None
+        report: Callable[[float, int], None] | None = None
         if progress is not None:
-            def report(total: int) -> None:
-                progress(total, None, f"{total} bytes of output so far")
+            def report(seconds: float, total: int) -> None:  # seconds: they rise, the bytes need not
+                progress(seconds, None, f"{total} bytes of output so far")
         counted = False  # by the spares, as a call in flight
         try:
             with self.launch(request, grouped=False) as launch:
@@ -423,7 +436,7 @@ class Tools:
                                          spare)
                 finally:
                     if spare is not None:
-                        spare[0].launch.close()
+                        spare.launch.close()
                 no_internet = no_internet or launch.no_internet
         finally:
             os.close(folder_fd)
@@ -431,13 +444,17 @@ class Tools:
                 self.spares.done(counted)
         if outcome.cancelled:
             return None
-        text = command_text(outcome, request.timeout, self.settings, "start" in self.table) + git_note(launch.git_notes)
+        text, notes = command_text(outcome, request.timeout, self.settings, "start" in self.table,
+                                   self.sandbox.holding)
+        result = ToolResult(text, command_structured(outcome, self.sandbox.holding), notes=notes)
+        if launch.git_notes:
+            result.add_note(git_note(launch.git_notes))
         if no_internet:
-            text += f"\n[this call had no internet: {no_internet}]"
+            result.add_note(f"[this call had no internet: {no_internet}]")
         elif self.proxy is not None and self.settings.state:
             from ..network.internet import refused, refused_note
 
             hosts = refused(self.settings.state, since, outcome.pid)
             if hosts:
-                text += "\n" + refused_note(hosts, self.settings.state)
-        return ToolResult(text, command_structured(outcome))
+                result.add_note(refused_note(hosts, self.settings.state))
+        return result

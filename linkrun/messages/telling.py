@@ -104,7 +104,7 @@ def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callabl
     Retry-After) for ten minutes from the first attempt; then leave it untold
     for the sweeps. A signal (the agent's service stopping) ends the retries
     at once; a sweep's wake file makes the next try come at once, at the way
-    in it names.
+    in it names, but never before a Retry-After the way in gave has ended.
 
     `wake_fd` is readable when a signal came or the state folder changed;
     `poll_every()` is how often to look for a wake file when nothing watches
@@ -113,38 +113,45 @@ def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callabl
     delay = 1.0
     try:
         while True:
-            if record.get("first_try") is None:
+            if record.get("first_try") is None or record["first_try"] > records.now():  # or the clock went back
                 record["first_try"] = records.now()
             delivery = tell_once(state, record, way_in, log)
             if delivery.outcome != "not reached":
                 return
-            elapsed = records.now() - min(record["first_try"], records.now())
+            elapsed = records.now() - record["first_try"]
             if elapsed >= WINDOW or stopping():
                 log("the way in stayed unreachable: left untold for a sweep")
                 return
             pause = min(max(delay, delivery.retry_after or 0), BACKOFF_MAX, WINDOW - elapsed)
             delay = min(delay * 2, BACKOFF_MAX)
-            woken = _wait(state, command_id, pause, wake_fd, stopping, poll_every)
+            floor = min(delivery.retry_after or 0, pause)
+            woken = _wait(state, command_id, pause, wake_fd, stopping, poll_every, floor)
             if stopping():
                 log("stopping while the way in is unreachable: left untold for a sweep")
                 return
             if woken is not None:
                 way_in = woken if woken.address else way_in
-                log(f"woken by a sweep: trying {way_in.address} at once")
+                kept = f" (kept until the way in's Retry-After of {floor:g} s ended)" if floor else ""
+                log(f"woken by a sweep{kept}: trying {way_in.address} at once")
     finally:
         _unlink(wake_path(state, command_id))  # one that came too late has nothing left to wake
 
 
 def _wait(state: str, command_id: str, pause: float, wake_fd: int | None, stopping: Callable[[], bool],
-          poll_every: Callable[[], float | None]) -> WayIn | None:
+          poll_every: Callable[[], float | None], floor: float = 0.0) -> WayIn | None:
     """Sleep `pause` seconds; less only for a signal or a sweep's wake file,
-    whose way in is returned. Any other wake (the watch thread's own byte, a
-    change of another file) is no reason to try before the pause is over."""
-    deadline = time.monotonic() + pause
+    whose way in is returned. A wake never cuts short the first `floor`
+    seconds (the way in's Retry-After, DESIGN §4 v4.1): one that comes
+    within them is kept (the latest wins) and returned as they end. Any
+    other wake (the watch thread's own byte, a change of another file) is
+    no reason to try before the pause is over."""
+    started = time.monotonic()
+    deadline, woken = started + pause, None
     while True:
-        woken = take_wake(state, command_id)
-        left = deadline - time.monotonic()
-        if woken is not None or stopping() or left <= 0:
+        woken = take_wake(state, command_id) or woken
+        now = time.monotonic()
+        left = (started + floor if woken is not None else deadline) - now
+        if stopping() or left <= 0:
             return woken
         every = poll_every()
         step = left if every is None else min(left, every)

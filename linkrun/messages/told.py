@@ -69,7 +69,8 @@ def _nonce() -> str:
 
 def _ending(record: dict) -> str:
     limit = {"memory": "; it reached its memory limit, and the out-of-memory killer killed it",
-             "tasks": "; it reached its task limit, and a fork or a new thread was refused"}
+             "tasks": "; it reached its task limit, and a fork or a new thread was refused",
+             "cpu": "; it used up its CPU time, and the kernel killed it with SIGXCPU"}
     return _state_ending(record) + limit.get(record.get("limit") or "", "")
 
 

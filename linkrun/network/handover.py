@@ -38,6 +38,7 @@ PR_SET_PDEATHSIG = 1
 IP_FREEBIND = 15  # linux/in.h: bind before the sandbox's loopback is up
 SPARES = 2  # processes forked ahead, each to make one sandbox's listener
 BACKLOG = 256  # connections a listener queues before the proxy accepts them
+NO_NETWORK = "the process handed over has no network of its own"
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -70,6 +71,7 @@ class Hands:
                 _tell(caller, b"the hand-over is a pid and a pidfd of the sandbox's init")
                 return
             try:
+                self.refuse_the_host_network(fds[0])
                 with make(fds[0]) as listener:
                     socket.send_fds(self.channel, [message], [listener.fileno(), fds[0]])
             except Exception as problem:  # the caller is told, whatever it was: its program waits for the answer
@@ -78,6 +80,23 @@ class Hands:
             finally:
                 os.close(fds[0])
             _tell(caller, b"ok")
+
+    def refuse_the_host_network(self, pidfd: int) -> None:
+        """Refuse, in words, a process in the host's network. Entering it
+        cannot say so for an ordinary user: joining the user namespace we are
+        in is EINVAL, and then its network EPERM, as for any process we may not
+        enter. This look is for the words; listen_here's check, once in, is
+        the one that holds."""
+        try:
+            with open(f"/proc/self/fdinfo/{pidfd}") as info:
+                pid = next(int(line.split()[1]) for line in info if line.startswith("Pid:"))
+            network = os.stat(f"/proc/{pid}/ns/net").st_ino
+            # Its pid may have been reused since we read it: still alive, it was this process.
+            signal.pidfd_send_signal(pidfd, 0)
+        except (OSError, StopIteration, ValueError):
+            return  # ended, or not ours to look at: entering it says why
+        if network == self.host_network:
+            raise OSError(errno.EINVAL, NO_NETWORK)
 
     def listen_in_place(self, pidfd: int) -> socket.socket:
         """Into the sandbox's network and back home: CAP_SYS_ADMIN here is enough."""
@@ -101,7 +120,7 @@ class Hands:
     def listen_here(self) -> socket.socket:
         """127.0.0.1:port listening in the network we are in: never the host's own."""
         if os.stat("/proc/self/ns/net").st_ino == self.host_network:
-            raise OSError(errno.EINVAL, "the process handed over has no network of its own")
+            raise OSError(errno.EINVAL, NO_NETWORK)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             listener.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)

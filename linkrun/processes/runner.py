@@ -32,6 +32,10 @@ from ..sandboxing.launch import Launch
 
 LEFTOVER_GRACE = 1.0
 PROGRESS_EVERY = 0.25
+# A call's progress goes out at least this often, output or none: opencode
+# (the TypeScript SDK's 60 s timer, reset by progress) cancels a call after a
+# minute without one. Well under 15 s, for a loaded machine's late ticks.
+PROGRESS_PACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Outcome:
     errors: Capture
     cancelled: bool = False
     pid: int = 0  # the sandbox's, for telling this call's proxy refusals from another's
-    limit: str | None = None  # "memory" or "tasks" when that limit of its cgroup bit, else None
+    limit: str | None = None  # "memory", "tasks" or "cpu" when that limit bit (its cgroup's, or an rlimit's), else None
 
     def __repr__(self) -> str:
         how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
@@ -158,28 +162,27 @@ def open_folder(files_fd: int, folder: str) -> int:
 
 
 def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
-        progress: Callable[[int], None] | None = None, spare: tuple[Spare, bytes] | None = None) -> Outcome:
+        progress: Callable[[float, int], None] | None = None, spare: Spare | None = None) -> Outcome:
     """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it;
-    or, given a spare and its script (spare.py), the program in the spare.
+    or, given a spare handed the call's script (spare.py), the program in the spare.
 
-    `progress(bytes_so_far)` is called at most every PROGRESS_EVERY seconds
-    while output grows, never after this returns.
+    `progress(seconds_so_far, bytes_so_far)` is called at most every
+    PROGRESS_EVERY seconds while output grows, and every PROGRESS_PACE
+    seconds while it does not; never after this returns.
     """
     started = boottime()
     if spare is not None:
-        leader, group = spare[0].leader, spare[0].group
-        try:
-            spare[0].go(spare[1], bool(request.input))
-        except BaseException:  # its loader ended meanwhile (killed from outside): nothing ran
-            _abandon(leader)
-            if group is not None:
-                _keep_or_remove_soon(group)
-            raise
+        leader, group = spare.leader, spare.group
     else:
         leader, group = _spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
     try:
         outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress, launch)
         outcome.limit = group.limit_hit() if group is not None else None
+        if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
+            from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
+
+            errors = bytes(outcome.errors.head + outcome.errors.tail)
+            outcome.limit = bitten(launch.holding, outcome.exit, outcome.signal, errors)
         return outcome
     finally:
         if group is not None:
@@ -246,7 +249,7 @@ def end_spare(spare: Spare) -> None:
 
 
 def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
-           output_limit: int, progress: Callable[[int], None] | None, launch: Launch) -> Outcome:
+           output_limit: int, progress: Callable[[float, int], None] | None, launch: Launch) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
     sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
@@ -259,7 +262,7 @@ def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], s
         watch.drain(process.stderr.fileno(), readers[1])
         if request.input and process.stdin is not None:  # a pipe exactly when there is input
             _Input(watch, process.stdin, request.input)
-        watch.run(_ticks(_Progress(progress, output, errors) if progress is not None else None, launch))
+        watch.run(_ticks(_Progress(progress, output, errors, started) if progress is not None else None, launch))
     except BaseException:
         leader.kill()  # done already if the watch itself failed
         process.wait()
@@ -328,19 +331,22 @@ def _ticks(progress: _Progress | None, launch: Launch) -> Callable[[Watch], floa
 
 
 class _Progress:
-    """Reports the bytes so far at most every PROGRESS_EVERY seconds, when they grew."""
+    """Reports the seconds and bytes so far: at most every PROGRESS_EVERY
+    seconds when the bytes grew, and after PROGRESS_PACE seconds without a
+    report when they did not."""
 
-    def __init__(self, report: Callable[[int], None], output: Capture, errors: Capture) -> None:
-        self.report, self.output, self.errors = report, output, errors
-        self.at = boottime()
+    def __init__(self, report: Callable[[float, int], None], output: Capture, errors: Capture,
+                 started: float) -> None:
+        self.report, self.output, self.errors, self.started = report, output, errors, started
+        self.at = self.sent = boottime()
         self.reported = 0
 
     def __call__(self, watch: Watch) -> float:
         now = boottime()
         if now - self.at >= PROGRESS_EVERY:
             total = self.output.total + self.errors.total
-            if total != self.reported:
-                self.report(total)
-                self.reported = total
+            if total != self.reported or now - self.sent >= PROGRESS_PACE:
+                self.report(round(now - self.started, 2), total)
+                self.reported, self.sent = total, now
             self.at = now
         return self.at + PROGRESS_EVERY - now

@@ -6,7 +6,9 @@ its start and again after each call (after calls at once, as many as ran
 at once, for a while: `Spares`): bwrap runs LOADER, a small `sh` that
 waits on its standard input for the call's program. The call writes a
 script there (`script`): into the call's folder, the shell's own variables
-dropped, `exec` of the program. What the program then finds (its
+dropped, `exec` of the program; and reads the loader's ACK before the
+program's output (`Spare.hand_over`), so a spare killed from outside before
+it read the script is known, and the call makes its own sandbox. What the program then finds (its
 environment, descriptors, folder, limits, cgroup, namespaces) is what a
 sandbox made for it would give it.
 
@@ -26,6 +28,7 @@ its `--die-with-parent` is bound to, and this thread lives as long as serve.
 from __future__ import annotations
 
 import functools
+import os
 import queue
 import select
 import sys
@@ -35,6 +38,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from ..errors import Refused
+from ..kernel import read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,10 +47,13 @@ if TYPE_CHECKING:
     from .group import Leader
     from .runner import Request
 
-# Reads a line count, then that many lines, and runs them. `read` takes a
+# Reads a line count, then that many lines, says so (ACK, on its output,
+# which serve reads before the program's), and runs them. `read` takes a
 # pipe a byte at a time, so what follows the script stays for the program.
 LOADER = ('IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; '
-          's="$s$l\n"; n=$((n - 1)); done; eval "$s"')
+          's="$s$l\n"; n=$((n - 1)); done; printf .; eval "$s"')
+ACK = b"."
+ACK_WAIT = 5.0  # seconds a call waits for a live spare's loader to read its script
 LOADER_TAIL = ("/bin/sh", "-c", LOADER)
 # `read` costs a syscall a byte: a longer script costs more than the set-up it saves.
 SCRIPT_LIMIT = 8192
@@ -54,6 +61,8 @@ SCRIPT_LIMIT = 8192
 MOST = 16  # spares kept after a burst of calls at once
 LINGER = 60.0  # seconds they are kept after it
 MAKING_WAIT = 15.0  # seconds serve's end waits for a spare being made (its hand-over may take 10)
+QUIET = 5.0  # seconds without spares after one ended before its call
+FAILURES_OFF = 3  # spares that ended before their calls, none handed over between: no more spares
 _MAKING = object()  # the slot's key while a spare's launch is being prepared
 
 
@@ -84,14 +93,27 @@ class Spare:
     leader: Leader
     group: Group | None
 
-    def go(self, data: bytes, has_input: bool) -> None:
-        """The loader execs the program now: a spare's output pipe has room for `data`."""
-        stdin = self.leader.process.stdin
-        assert stdin is not None  # a spare's input is a pipe
-        stdin.write(data)
-        stdin.flush()
+    def hand_over(self, data: bytes, has_input: bool) -> bool:
+        """The script written to the loader; True once the loader said it
+        read it all (ACK), so the program runs. False when the spare ended
+        first (killed from outside: its loader, init or bwrap) or did not
+        answer within ACK_WAIT: nothing of the call ran, and the caller ends
+        the spare and makes the call a sandbox of its own. The input pipe has
+        room for `data` (at most SCRIPT_LIMIT)."""
+        process = self.leader.process
+        assert process.stdin is not None and process.stdout is not None  # a spare's are pipes
+        try:
+            process.stdin.write(data)
+            process.stdin.flush()
+        except OSError:  # every reader gone: the spare ended
+            return False
         if not has_input:
-            stdin.close()
+            process.stdin.close()
+        out = process.stdout.fileno()
+        waits = [fd for fd in (out, self.leader.pidfd, self.leader.sandbox_init) if fd is not None]
+        if not select.select(waits, [], [], ACK_WAIT)[0] or not select.select([out], [], [], 0)[0]:
+            return False  # no word in time, or an end (the bwrap's or its init's) before any
+        return os.read(out, 1) == ACK  # the loader's first byte: end of file when it died before it
 
 
 class NotNow(Exception):
@@ -99,9 +121,27 @@ class NotNow(Exception):
 
 
 def _running(spare: Spare) -> bool:
-    """The spare's bwrap runs still: its pidfd is not readable (not reaped: its ids stay ours)."""
-    pidfd = spare.leader.pidfd
-    return pidfd is not None and not select.select([pidfd], [], [], 0)[0]
+    """The spare's bwrap and its init run still: neither pidfd is readable
+    (held, their pids are not another's yet), and neither has a SIGKILL
+    pending (sent from outside a moment ago: it has not ended yet, but will
+    as soon as it runs, and its sandbox with it). The loader's end is seen
+    at the hand-over, which waits for its word."""
+    held = [fd for fd in (spare.leader.pidfd, spare.leader.sandbox_init) if fd is not None]
+    if spare.leader.pidfd is None or select.select(held, [], [], 0)[0]:
+        return False
+    return not any(_kill_pending(pid) for pid in (spare.leader.process.pid, spare.launch.init_pid) if pid is not None)
+
+
+_SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in /proc's pending masks
+
+
+def _kill_pending(pid: int) -> bool:
+    """SIGKILL is pending for `pid` (for it, or for its process as a whole), or it is gone."""
+    status = read_small(f"/proc/{pid}/status")
+    if status is None:
+        return True
+    return any(int(line.split()[1], 16) & _SIGKILL_BIT for line in status.splitlines()
+               if line.startswith((b"SigPnd:", b"ShdPnd:")))
 
 
 class Spares:
@@ -127,6 +167,8 @@ class Spares:
         self._waiter = False  # a call waits for the spare being made: the next ones make their own
         self._closed = False
         self._off: str | None = None  # why no more spares are made
+        self._failures = 0  # spares that ended before their calls since one was handed over
+        self._quiet_until = 0.0  # no spare is made before this (monotonic), after one ended before its call
 
     @property
     def off(self) -> str | None:
@@ -157,10 +199,30 @@ class Spares:
                 else:
                     stale.append(spare)
         if not all(_running(spare) for spare in stale):
-            self._turn_off("a spare sandbox ended before its call")
+            self._failed()
         if stale:
             self._run(functools.partial(self._end_all, stale))
         return found
+
+    def handed(self, spare: Spare, ok: bool) -> None:
+        """After a `take`n spare's hand-over: `ok`, the spares' failures are
+        forgotten; else it ended before its call, and is ended off the call's path."""
+        if ok:
+            with self._lock:
+                self._failures = 0
+            return
+        self._failed()
+        self._run(functools.partial(self._end_all, [spare]))
+
+    def _failed(self) -> None:
+        """A spare ended before its call (killed from outside): none is made
+        for QUIET seconds; after FAILURES_OFF in a row, none any more."""
+        with self._lock:
+            self._failures += 1
+            self._quiet_until = time.monotonic() + QUIET
+            failures = self._failures
+        if failures >= FAILURES_OFF:
+            self._turn_off(f"{failures} spare sandboxes in a row ended before their calls")
 
     def _end_all(self, spares: list[Spare]) -> None:
         for spare in spares:
@@ -177,8 +239,8 @@ class Spares:
         """Make the next spare, unless enough are there or one is on its way."""
         with self._lock:
             if (self._closed or self._off or self._making is not None
-                    or len(self._ready) >= self._wanted):
-                return
+                    or len(self._ready) >= self._wanted or time.monotonic() < self._quiet_until):
+                return  # after a quiet while, the spares' thread asks again
             self._making = _MAKING
         self._run(self._make)
 
@@ -237,6 +299,12 @@ class Spares:
             extra, self._ready = self._ready[:-1], self._ready[-1:]
         self._end_all(extra)
 
+    def _idle(self) -> float:
+        """How long the thread waits for a job: until a quiet while ends, at most LINGER."""
+        with self._lock:
+            quiet = self._quiet_until - time.monotonic()
+        return min(LINGER, quiet) if quiet > 0 else LINGER
+
     def _turn_off(self, why: str) -> None:
         with self._lock:
             said, self._off = self._off, self._off or why
@@ -254,10 +322,12 @@ class Spares:
     def _work(self) -> None:
         while True:
             try:
-                self._jobs.get(timeout=LINGER)()
+                self._jobs.get(timeout=self._idle())()
                 self._trim()
+                self.make()  # nothing when enough are there or one is on its way, or in a quiet while
             except queue.Empty:
                 self._trim()
+                self.make()  # a quiet while may have ended: spares again
             except Exception as problem:  # a bug of ours: said, the spares off, and the thread lives on
                 self._turn_off(f"the spares failed: {problem!r}")
                 with self._lock:

@@ -7,7 +7,8 @@ no more. Bound entry by entry, the list cost bwrap some fifty mounts, each
 remounted read-only after a read of the whole mount table: most of a
 call's time. So the allowed entries are copied into a view in the state
 folder (files copied, links kept as links, folders copied, modes kept, the
-masks left out), and each sandbox binds that one folder as its /etc.
+masks left out, and only what etcrule.py allows: what everyone on the host
+may read, no private key), and each sandbox binds that one folder as its /etc.
 
 In the state folder (names in records.py): `ETC_VIEWS/<name>` the views,
 each beside `<name>.print` (what it was copied from: the source folder, the
@@ -28,7 +29,7 @@ until its sandbox ended (`pin`). An old view is removed only under its
 exclusive flock, taken without waiting, so never under a running sandbox
 (a bind shows its folder itself: a file removed there is gone inside).
 
-stdlib only (and records, filing): serve and the supervisor import it.
+stdlib only (and records, filing, etcrule): serve and the supervisor import it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import sys
 import time
 
 from ..detached import filing
+from . import etcrule
 from ..errors import LinkRunError
 from ..kernel import last_errno, libc
 from ..detached.records import ETC_LOCK, ETC_VIEW, ETC_VIEWS, boot_id
@@ -121,7 +123,7 @@ def fingerprint(etc: str, found: Entries) -> bytes:
     """What a view copied from `found` shows: a changed, added or removed
     entry changes it (a write changes a file's ctime, a rename its inode),
     and so does a reboot (a copy not yet on disk may have been lost)."""
-    lines = [f"{etc}\0{boot_id()}"] + [
+    lines = [f"{etc}\0{boot_id()}\0{etcrule.RULE}"] + [
         f"{rel}\0link" if info is None else
         f"{rel}\0{info.st_mode:o}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ctime_ns}"
         for rel, info in found]
@@ -147,29 +149,38 @@ def ensure(state: str, etc: str = ETC) -> None:
     """Make the view of `etc` current (copied anew when its entries changed
     or it has none), and remove the old views no sandbox holds."""
     with filing.hold(os.path.join(state, ETC_LOCK)) as lock:
-        os.utime(lock)  # checked now
-        looked_at = time.time_ns()
-        found = entries(etc)
-        made = fingerprint(etc, found)
-        if _stale(_print_of(state), made, found):
-            _swap_in(state, _copy(etc, found, (looked_at, made), os.path.join(state, ETC_VIEWS)))
-        _remove_old(state)
+        _make_current(state, etc, lock)
+
+
+def _make_current(state: str, etc: str, lock: int) -> None:  # under ETC_LOCK, `lock` its descriptor
+    os.utime(lock)  # checked now
+    looked_at = time.time_ns()
+    found = entries(etc)
+    made = fingerprint(etc, found)
+    if _stale(_print_of(state), made, found):
+        _swap_in(state, _copy(etc, found, (looked_at, made), os.path.join(state, ETC_VIEWS)))
+    _remove_old(state)
 
 
 def refresh(link: str, watch: EtcWatch | None = None) -> None:
     """Before a launch: rebuild the view when the host's entries changed
-    since it was made. With a `watch` that runs, look only when it saw a
-    change since the last look; without one, at most once every CHECK_EVERY
-    seconds. A failed rebuild keeps the current view (it shows the list, as
-    it was) and says why on stderr; the next look tries again."""
-    state = os.path.dirname(link)
+    since it was made. With a `watch` that runs, when it heard a change no
+    finished look began after, under ETC_LOCK: a launch that comes while
+    another looks or copies waits for it, and binds the view that shows the
+    change. Without one, at most once every CHECK_EVERY seconds. A failed
+    rebuild keeps the current view and says why on stderr; the next tries again."""
+    state, watched = os.path.dirname(link), watch if watch is not None and watch.watching else None
     lock = os.path.join(state, ETC_LOCK)
-    if watch is not None and watch.watching:
-        if not watch.take_change():  # cleared before the look: a change during it is seen at the next
-            return
-    elif _looked_lately(lock):
+    if (watched.shown == watched.heard) if watched else _looked_lately(lock):
         return
     try:
+        if watched:
+            heard = watched.heard  # before the look: what is heard after it, the next launch looks at
+            with filing.hold(lock) as held:
+                if watched.shown < heard:
+                    _make_current(state, _source(_print_of(state)), held)
+                    watched.shown = max(watched.shown, heard)
+            return
         with contextlib.suppress(FileNotFoundError):  # none yet: the rebuild makes it
             os.utime(lock)  # the others need not look too
         current = _print_of(state)
@@ -178,18 +189,15 @@ def refresh(link: str, watch: EtcWatch | None = None) -> None:
         if _stale(current, fingerprint(etc, found), found):
             ensure(state, etc)
     except OSError as error:
-        if watch is not None:
-            watch.mark()  # the next launch tries again
         print(f"lnk-link-run: cannot refresh the sandbox's /etc view in {state}: {error}; "
               "calls keep the current one", file=sys.stderr)
 
 
 def _looked_lately(lock: str) -> bool:
     """Whether someone looked at the host's entries less than CHECK_EVERY seconds ago."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         return time.time() - os.stat(lock).st_mtime < CHECK_EVERY
-    except FileNotFoundError:
-        return False
+    return False
 
 
 def source_of(link: str) -> str:
@@ -243,8 +251,12 @@ def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
     view = os.path.join(views, name)
     os.mkdir(view, 0o700)  # opened to its mode once whole
     folders: list[tuple[str, os.stat_result]] = [(view, os.stat(etc))]
+    left_out: tuple[str, ...] = ()  # folders the rule leaves out, with all they hold
     for rel, info in found:
         source, target = os.path.join(etc, rel), os.path.join(view, rel)
+        if rel.startswith(left_out) or not etcrule.shown(info):
+            left_out += (f"{rel}/",)
+            continue
         try:
             if info is None or stat.S_ISLNK(info.st_mode):
                 os.symlink(os.readlink(source), target)
@@ -252,7 +264,7 @@ def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
                 os.mkdir(target, 0o700)
                 folders.append((target, info))
             else:
-                _copy_file(source, target, info)
+                etcrule.copy_file(source, target, info)
         except OSError as error:
             if error.errno not in _SKIPPED:
                 raise
@@ -263,21 +275,6 @@ def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
     with open(os.open(f"{view}.print", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as f:
         f.write(b"%d\n" % made[0] + made[1])
     return os.path.join(ETC_VIEWS, name)
-
-
-def _copy_file(source: str, target: str, info: os.stat_result) -> None:
-    into = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            while os.sendfile(out, into, None, 1 << 20):
-                pass
-            os.fchmod(out, stat.S_IMODE(info.st_mode))
-            os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
-        finally:
-            os.close(out)
-    finally:
-        os.close(into)
 
 
 def _swap_in(state: str, view: str) -> None:
@@ -333,7 +330,6 @@ def _remove_tree(path: str) -> None:
     os.rmdir(path)
 
 
-
 # inotify(7), called through ctypes: see EtcWatch.
 _IN_MODIFY, _IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 _IN_CREATE, _IN_DELETE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
@@ -347,8 +343,8 @@ _USED_UP = {errno.ENOSPC: ("watches", "fs.inotify.max_user_watches"),
 
 class EtcWatch:
     """serve's watch of the view's source folder, so that a launch looks at
-    the host's entries only when something changed (`take_change`), not once
-    a second. inotify on every folder and file the view shows, read on a
+    the host's entries only when something changed (`heard` past `shown`),
+    not once a second. inotify on every folder and file the view shows, read on a
     thread of its own. Files too: a folder hears of a write to a file it
     holds only when made through it, not through a file bound over the entry
     from elsewhere (as container runtimes bind /etc/hosts). What appears is
@@ -369,7 +365,8 @@ class EtcWatch:
         self.etc = etc
         self.watching = True
         self._fd = fd
-        self._changed = True
+        self.heard = 1  # changes heard, counted; the first for what changed before the watch began
+        self.shown = 0  # the most of them that a finished look began after (set by `refresh`)
         self._lock = threading.Lock()
         self._paths: dict[int, str] = {}  # watch descriptor -> what it watches
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
@@ -396,13 +393,7 @@ class EtcWatch:
     def mark(self) -> None:
         """The view may be stale: the next launch looks."""
         with self._lock:
-            self._changed = True
-
-    def take_change(self) -> bool:
-        """Whether a change was seen since the last call; the mark is cleared."""
-        with self._lock:
-            changed, self._changed = self._changed, False
-        return changed
+            self.heard += 1
 
     def close(self) -> None:
         """Stop watching: the thread ended, the descriptors closed."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Top-level system folders: on a merged-/usr system they are links into
 # /usr, replicated as links; elsewhere they are bound read-only.
 ROOT_FOLDERS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# What /proc lists of the kernel's keys: every key its reader's uid may view,
+# possessed or not (a `user` key is viewable by its owner), and each uid's count.
+KEY_FILES = ("/proc/keys", "/proc/key-users")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,17 @@ class Host:
     fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
     memory_total: int = 0  # bytes of memory this machine has
     cpus: int = 1  # the cores this process may run on
+    key_files: tuple[str, ...] = field(default_factory=lambda: present(KEY_FILES))  # those this kernel has
+
+
+def hidden_keys(host: Host) -> list[str]:
+    """bwrap's flags that show KEY_FILES empty: /dev/null bound over each
+    (a device: `--ro-bind` would mount it nodev, and unreadable)."""
+    return [arg for path in host.key_files for arg in ("--dev-bind", "/dev/null", path)]
+
+
+def present(paths: Sequence[str]) -> tuple[str, ...]:
+    return tuple(path for path in paths if os.path.exists(path))
 
 
 def entries(top: str, names: Sequence[str]) -> Iterator[tuple[str, str | None]]:

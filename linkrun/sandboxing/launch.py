@@ -24,6 +24,11 @@ bwrap's `--info-fd` gives the host pid of the sandbox's init (its pid 1):
 init and cleared the init's death signal, while a SIGKILL to that init from
 outside ends its pid namespace, and everything in it, always.
 
+Each launch's sandbox has a kernel session keyring of its own, empty,
+joined by the spawning thread (`spawning()`): a program reaches none of
+the caller's keys, even where no filter refuses `keyctl`, and leaves none
+for the next call.
+
 The fixed part's `/etc` is the agent's prepared view (etcview.py): the
 launch refreshes it when the host's changed, and binds the current view by
 a descriptor it holds, with a shared flock, until it is closed, so no
@@ -53,11 +58,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..config import Limits
-from ..kernel import read_small
+from ..kernel import own_session_keyring, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
-    from .cgroups import Group
+    from .cgroups import Group, Place
+    from .fallback import Holding
     from .etcview import EtcWatch
     from .gitcheck import GitLook
 
@@ -75,9 +81,20 @@ class Sandbox:
     seccomp: str | None = None  # the filter file, opened afresh for each launch
     limits: Limits | None = None  # each launch in a cgroup of its own with these, where one can be had
     etc_watch: EtcWatch | None = None  # serve's watch of the host's /etc: a launch looks only after a change
+    longest: int | None = None  # the most seconds a launch runs: the span of a cpu limit held by an rlimit
+    place: Place | None = None  # where cgroups can be made; None: where this process can make them
 
     @functools.cached_property
-    def prlimit_prefix(self) -> tuple[int, tuple[tuple[int, int], ...]]:
+    def holding(self) -> Holding | None:
+        """How each limit holds here (fallback.py): through the launch's cgroup, an rlimit, or not; None without limits."""
+        if self.limits is None:
+            return None
+        from . import cgroups, fallback
+
+        return fallback.holding(self.limits, self.place if self.place is not None else cgroups.place(), self.longest)
+
+    @functools.cached_property
+    def prlimit_prefix(self) -> tuple[int, tuple[tuple[int, int, int], ...]]:
         """The fixed part's `prlimit ... --` prefix, read once: its length and
         its limits, which a launch that watches its init sets on it itself
         (`init_pidfd`), an exec fewer per call. (0, ()) without one, or with
@@ -90,7 +107,7 @@ class Sandbox:
             name, _, value = flag.partition("=")
             if name not in _RLIMITS or not value.isdigit():
                 return 0, ()
-            rlimits.append((_RLIMITS[name], int(value)))
+            rlimits.append((_RLIMITS[name], int(value), int(value)))
         return end + 1, tuple(rlimits)
 
     @functools.cached_property
@@ -123,7 +140,8 @@ class Launch:
     init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
     group: Group | None = None  # the launch's cgroup, until the caller takes it
     held: list[int] = field(default_factory=list)  # kept until `close()`: the pinned /etc view
-    rlimits: tuple[tuple[int, int], ...] = ()  # set on the sandbox's init while bwrap holds the program
+    rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard), set on the sandbox's init while bwrap holds the program
+    holding: Holding | None = None  # how the call's limits hold (fallback.py), for telling which bit
     proxy_dir: str | None = None  # with the internet: the proxy that listens inside
     block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
@@ -186,14 +204,15 @@ class Launch:
 
     def _set_limits(self, pidfd: int, init_pid: int) -> None:
         try:
-            for which, value in self.rlimits:
-                resource.prlimit(init_pid, which, (value, value))
+            for which, soft, hard in self.rlimits:
+                resource.prlimit(init_pid, which, (soft, hard))
         except OSError as error:
             from ..errors import LinkRunError
+            from ..invocation import typed
 
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             raise LinkRunError(f"cannot set the sandbox's limits on its init: {error.strerror}",
-                               "run lnk-link-run doctor; report this as a bug") from None
+                               f"run {typed('doctor')}; report this as a bug") from None
 
     def _let_go(self) -> None:
         if self.block_w is not None:
@@ -201,8 +220,11 @@ class Launch:
             self.block_w = None
 
     def spawning(self) -> contextlib.AbstractContextManager:
-        """Around the spawn: in cgroup v1, the spawning thread is in the group
-        meanwhile, so the child is born in it (v2 joins through the argv)."""
+        """Around the spawn: the spawning thread joins a new, empty session
+        keyring, which the sandbox inherits in place of the caller's
+        (`own_keyring`); in cgroup v1, the thread is in the group meanwhile, so the child is
+        born in it (v2 joins through the argv)."""
+        own_keyring()
         if self.group is not None and self.group.version == 1:
             return self.group.spawning()
         return contextlib.nullcontext()
@@ -231,6 +253,19 @@ class Launch:
             self.group = None
 
 
+def own_keyring() -> None:
+    """This thread joins a new, empty session keyring, which what it spawns
+    or execs next inherits (kernel.own_session_keyring); LinkRunError when
+    it cannot."""
+    try:
+        own_session_keyring()
+    except OSError as error:
+        from ..errors import LinkRunError
+
+        raise LinkRunError(f"cannot give the sandbox a kernel keyring of its own: {error.strerror}",
+                           "call again; if it keeps failing, run lnk-link-run doctor") from None
+
+
 def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: int | None = None,
             watch_init: bool = True, grouped: bool = True, git_check: bool = True) -> Launch:
     """The launch of one call running `tail` in `folder` (relative to the files folder).
@@ -255,7 +290,7 @@ def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: i
 
 def join_group(launch: Launch, sandbox: Sandbox, watch_init: bool = True) -> None:
     """With limits, the launch's cgroup (see prepare)."""
-    if sandbox.limits is not None and watch_init:
+    if sandbox.limits is not None and watch_init and sandbox.holding is not None and sandbox.holding.by_cgroup:
         _join_group(launch, sandbox.limits)
 
 
@@ -272,9 +307,10 @@ def _join_group(launch: Launch, limits: Limits) -> None:
     except OSError as error:
         launch.close()
         from ..errors import LinkRunError
+        from ..invocation import typed
 
         raise LinkRunError(f"cannot make the call's cgroup for its limits: {error}",
-                           "run lnk-link-run doctor, which says which limits can hold here") from None
+                           f"run {typed('doctor')}, which says which limits can hold here") from None
     if launch.group is not None and launch.group.version == 2:
         launch.argv = ["/bin/sh", "-c", JOIN, "sh", *launch.group.procs, "--", *launch.argv]
 
@@ -381,9 +417,14 @@ def _with_etc_view(sandbox: Sandbox, launch: Launch) -> list[str]:
 
 def _limits_without_exec(sandbox: Sandbox, fixed: list[str], launch: Launch, part: list[str]) -> list[str]:
     """The fixed part without its `prlimit ... --` prefix, whose limits the
-    launch sets on the sandbox's init itself while bwrap holds the program."""
+    launch sets on the sandbox's init itself while bwrap holds the program,
+    with the call's limits that no cgroup holds here (fallback.py): the
+    lower of two for one resource."""
     length, launch.rlimits = sandbox.prlimit_prefix
-    if not length:
+    launch.holding = sandbox.holding
+    if launch.holding is not None and launch.holding.by_rlimit:
+        launch.rlimits = launch.holding.with_rlimits(launch.rlimits)
+    if not length and not launch.rlimits:
         return fixed
     part += _hold_program(launch)
     return fixed[length:]

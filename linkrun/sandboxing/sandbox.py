@@ -29,7 +29,7 @@ from ..config import Limits
 from ..config import parse_size, split_flags
 from ..errors import LinkRunError, UsageError
 from ..processes.group import kill_init
-from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, memory_total, nproc_limit
+from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, hidden_keys, memory_total, nproc_limit
 from .launch import Sandbox, prepare, program_argv
 from ..processes.programs import which
 
@@ -331,8 +331,8 @@ def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Hos
     # host's uid 0, and much of /proc checks only that uid and the mode bits
     # (/proc/sys/kernel/core_pattern written inside runs a program on the
     # host as real root). A bind per kernel folder cost a mount each; a
-    # process's own files (its mem, its oom_score_adj) are read-only too.
-    argv += ["--proc", "/proc", "--remount-ro", "/proc"]
+    # process's own files (its mem, its oom_score_adj) are read-only too. Its lists of keys show none.
+    argv += ["--proc", "/proc", "--remount-ro", "/proc", *hidden_keys(host)]
     # /dev is a tmpfs of bwrap's without a size: read-only once its nodes are
     # made, so nothing fills memory there (its own /dev/shm keeps a size).
     argv += ["--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
@@ -368,11 +368,12 @@ def check_binds(binds: Sequence[str], protected: Sequence[tuple[str, str]]) -> N
 
 
 def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mapping[str, str],
-          keyring: str | None = None, host: Host | None = None) -> tuple[list[str], ProgramsHere, Host]:
-    """What `up`, `doctor` and `sandbox` share: this machine's facts (read
-    here unless given), the programs kept, and the fixed argv."""
+          keyring: str | None = None, host: Host | None = None, etc_view: bool = True) -> tuple[list[str], ProgramsHere, Host]:
+    """What `up`, `doctor` and `sandbox` share: this machine's facts (read here unless given), the programs
+    kept, the fixed argv, and (unless not `etc_view`: up's checks do it) the /etc view it binds made current."""
     host = host if host is not None else host_facts()
-    etcview.ensure(folder.state)
+    if etc_view:
+        etcview.ensure(folder.state)
     kept = programs(sandbox.allow, host, folder)
     places = agent_folder.protected(folder, keyring or agent_folder.default_keyring(environ), environ)
     return fixed_argv(folder, sandbox, host, kept.folders, places), kept, host
@@ -420,7 +421,7 @@ def main(argv: list[str]) -> int:
         _internet_for(folder, sandbox)
     # Run and waited for, not exec'd: the git check (gitcheck.py) runs once the
     # sandbox ended. With the internet the agent's proxy is kept meanwhile.
-    with prepare(box, tail, watch_init=bool(sandbox.hosts)) as launch:
+    with prepare(box, tail, watch_init=bool(sandbox.hosts)) as launch, launch.spawning():
         process = subprocess.Popen(launch.argv, pass_fds=launch.fds, cwd=folder.files, env=launch.env)
         init = launch.started()
         while True:

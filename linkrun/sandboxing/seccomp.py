@@ -5,7 +5,8 @@ with `--seccomp FD` just before it execs the program. It denies what no
 agent program needs (a shell, Python, Node, git, curl, pip, npm, a C
 compiler) and what escapes from sandboxes have gone through: io_uring, the
 key syscalls, bpf, userfaultfd, perf_event_open, kexec, the mount API,
-new namespaces, and typing into a terminal (`TIOCSTI`, `TIOCLINUX`).
+new namespaces, typing into a terminal (`TIOCSTI`, `TIOCLINUX`), and the
+socket families a sandbox has no use for (vsock above all).
 
 `ensure` writes it once per agent into the state folder; each call opens
 that file afresh and hands the descriptor to bwrap, which reads it to its
@@ -28,7 +29,11 @@ The program, in order (each step ends in one of four verdicts):
 5. `ioctl` whose request, in the low 32 bits (the kernel truncates it to an
    int: comparing all 64 would let `TIOCSTI | 1 << 32` through), is
    `TIOCSTI` or `TIOCLINUX`: EPERM.
-6. Anything else: allowed. `ptrace` stays allowed: strace and debuggers are
+6. `socket` and `socketpair` whose family, in the low 32 bits of their
+   first argument (an int to the kernel), is not one of FAMILIES:
+   EAFNOSUPPORT, what a kernel built without that family answers, which
+   programs handle (Python, Node and glibc fall back or say so).
+7. Anything else: allowed. `ptrace` stays allowed: strace and debuggers are
    real tools; bwrap puts its init under the filter too, so a tracer gains
    no unfiltered process, and the sandbox is ended through its init, not
    only by `--die-with-parent`, which a tracer could clear.
@@ -54,6 +59,18 @@ CLONE_NEWTIME = 0x00000080
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 
+# The socket families a sandbox keeps (linux/socket.h), each in the sandbox's
+# own network namespace: Unix sockets, IPv4 and IPv6 (its loopback, and the
+# agent's proxy), and netlink (glibc's getaddrinfo and if_nameindex, `ip`,
+# Node's os.networkInterfaces ask it about the sandbox's own interfaces).
+# Every other family is refused, those not yet made included, as Flatpak
+# does: some reach past the network namespace (AF_VSOCK reaches the
+# hypervisor of a virtual machine; AF_QIPCRTR, AF_IUCV their host), some
+# need a capability the sandbox has not (AF_PACKET, AF_XDP), the rest are
+# kernel code no agent program needs and escapes have gone through (AF_ALG,
+# AF_CAN, AF_TIPC, AF_RDS, AF_BLUETOOTH, AF_KEY...).
+FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+
 # The syscalls denied whatever their arguments, by group (as docs/security.md lists them).
 DENIED = (
     "io_uring_setup", "io_uring_enter", "io_uring_register",
@@ -77,11 +94,13 @@ SYSCALLS = {
         **_SHARED, "keyctl": 250, "add_key": 248, "request_key": 249,
         "bpf": 321, "userfaultfd": 323, "perf_event_open": 298, "kexec_load": 246, "kexec_file_load": 320,
         "mount": 165, "umount2": 166, "pivot_root": 155, "setns": 308, "clone": 56, "unshare": 272, "ioctl": 16,
+        "socket": 41, "socketpair": 53,
     },
     "aarch64": {
         **_SHARED, "keyctl": 219, "add_key": 217, "request_key": 218,
         "bpf": 280, "userfaultfd": 282, "perf_event_open": 241, "kexec_load": 104, "kexec_file_load": 294,
         "mount": 40, "umount2": 39, "pivot_root": 41, "setns": 268, "clone": 220, "unshare": 97, "ioctl": 29,
+        "socket": 198, "socketpair": 199,
     },
 }
 ARCHES = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}
@@ -160,14 +179,18 @@ def program(machine: str | None = None) -> bytes | None:
         jump(JEQ, numbers["clone"], "clone"),
         jump(JEQ, numbers["unshare"], "unshare"),
         jump(JEQ, numbers["ioctl"], "ioctl"),
+        jump(JEQ, numbers["socket"], "socket"),
+        jump(JEQ, numbers["socketpair"], "socket"),
         ret(ALLOW),
     ]
+    kept = [jump(JEQ, family, "allow") for family in FAMILIES.values()]
     blocks = [
         ("head", head),
         ("x32", [jump(JEQ, 0xFFFFFFFF, "allow", "kill")]),
         ("clone", [load(arg_low(0)), jump(JSET, CLONE_NEW, "eperm", "allow")]),
         ("unshare", [load(arg_low(0)), jump(JSET, CLONE_NEW | CLONE_NEWTIME, "eperm", "allow")]),
         ("ioctl", [load(arg_low(1)), jump(JEQ, TIOCSTI, "eperm"), jump(JEQ, TIOCLINUX, "eperm", "allow")]),
+        ("socket", [load(arg_low(0)), *kept, ret(RET_ERRNO | errno.EAFNOSUPPORT)]),
         ("kill", [ret(KILL_PROCESS)]),
         ("eperm", [ret(RET_ERRNO | errno.EPERM)]),
         ("enosys", [ret(RET_ERRNO | errno.ENOSYS)]),

@@ -1,0 +1,225 @@
+"""A user's first hour (issue 22): `doctor` before and after the first `up`,
+the sandbox file the first `up` writes, and what the commands say to a person.
+Real `up`, real `doctor`, real bubblewrap, as root and as an ordinary user
+(`lnk-tester` when the tests run as root)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SERVER, clean_env, require_sandbox, text_of
+from sandbox_helpers import outer_sandbox
+from up_harness import ensure_tester, running_as_root
+
+from linkrun.sandboxing import hostfacts, sandbox
+
+Run = Callable[..., subprocess.CompletedProcess]
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(params=["root", "user"])
+def who(request, tmp_path) -> Iterator[tuple[Run, Path]]:
+    """`lnk-link-run ARGS` run as root, then as an ordinary user, and a folder of theirs to work in."""
+    require_sandbox()
+    if request.param == "root" and not running_as_root():
+        pytest.skip("the root variant needs the tests to run as root")
+    if request.param == "root" or not running_as_root():
+        folder = tmp_path / "place"
+        folder.mkdir()
+        env = clean_env(HOME=str(folder), XDG_DATA_HOME=str(folder / "data"))
+
+        def run(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+            return subprocess.run([*prefix, *SERVER, *args], capture_output=True, text=True, env=env, cwd=folder,
+                                  timeout=120, stdin=subprocess.DEVNULL)
+
+        yield run, folder
+        return
+    tester = ensure_tester()
+    runtime = request.getfixturevalue("readable_runtime")
+    folder = Path(tempfile.mkdtemp(prefix="lnk-test-", dir=tester.pw_dir))  # not under /tmp, and the tester's
+    os.chown(folder, tester.pw_uid, tester.pw_gid)
+    env = clean_env(HOME=tester.pw_dir, XDG_DATA_HOME=str(folder / "data"), USER=tester.pw_name,
+                    LOGNAME=tester.pw_name)
+
+    def run_as_tester(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        python = [str(runtime / "venv" / "bin" / "python"), "-I", "-m", "linkrun"]
+        return subprocess.run([*prefix, *python, *args], capture_output=True, text=True, env=env, cwd=folder,
+                              user=tester.pw_uid, group=tester.pw_gid, extra_groups=[], timeout=120,
+                              stdin=subprocess.DEVNULL)
+
+    yield run_as_tester, folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def lines_of(done: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in done.stdout.splitlines() if not line.startswith("     → ")]
+
+
+# -- doctor ------------------------------------------------------------------------------
+
+
+def test_doctor_before_the_first_up_runs_every_check_up_runs_in_a_scratch_folder_and_leaves_nothing(who):
+    run, folder = who
+    agent = folder / "agents" / "first"
+    done = run("doctor", "--agent", str(agent))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = lines_of(done)
+    assert any(line.startswith(f"ok   the agent's folder {agent} does not exist yet") for line in lines), lines
+    for check in ("ok   the sandbox starts", "ok   inside, the kernel's settings", "ok   programs offered: sh",
+                  "the fork-bomb brake", "per-call"):
+        assert any(check in line for line in lines), (check, lines)
+    assert not agent.exists() and not agent.parent.exists()  # up makes it, never doctor
+    assert not [name for name in os.listdir(folder) if name.startswith(".lnk-doctor-")]  # the scratch folder is gone
+
+
+def test_doctor_before_the_first_up_fails_where_the_sandbox_cannot_start(tmp_path):
+    require_sandbox()
+    env = clean_env(HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "data"))
+    refused = subprocess.run(outer_sandbox("--disable-userns") + SERVER + ["doctor"], env=env, capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 1, refused.stdout
+    assert "FAIL the kernel refused the sandbox its namespaces" in refused.stdout
+
+
+def test_doctor_says_the_fork_bomb_brake_is_fine_for_an_ordinary_user_and_names_a_real_hard_limit(who):
+    run, folder = who
+    done = run("doctor", "--agent", str(folder / "agent"))
+    brake = [line for line in lines_of(done) if "fork-bomb brake" in line or "hard limit" in line]
+    assert len(brake) == 1, done.stdout
+    if "running as root" in brake[0]:  # the root variant: the brake binds nothing for root, and says so
+        return
+    assert brake[0].startswith("ok   the fork-bomb brake"), brake
+    # A hard limit on processes below the brake's margin: named as it is, not as the brake.
+    count = hostfacts.count_tasks(os.stat(folder).st_uid)
+    hard = count + 200
+    low = run("doctor", "--agent", str(folder / "agent"), prefix=("prlimit", f"--nproc={hard}:{hard}", "--"))
+    brake = [line for line in lines_of(low) if "hard limit" in line]
+    assert len(brake) == 1 and brake[0].startswith("warn "), low.stdout
+    assert f"its hard limit of {hard}" in brake[0], brake
+
+
+# -- the sandbox file ---------------------------------------------------------------------
+
+
+def test_the_first_up_writes_the_sandbox_file_in_force_and_adding_a_program_to_it_keeps_the_others(who):
+    run, folder = who
+    agent = folder / "agent"
+    first = run("up", "--agent", str(agent), "--no-way-in")  # its input is empty: it serves nothing and ends
+    assert first.returncode == 0, first.stderr
+    written = agent / "Config" / "sandbox.toml"
+    text = written.read_text()
+    assert text.startswith("#") and "[commands]" in text and "[limits]" in text, text
+    assert sandbox.load(str(written)) == dataclasses.replace(sandbox.load(None), source=str(written))
+    # The docs' advice: add the program to [commands] allow.
+    written.write_text(text.replace('"sh", "bash",', '"sh", "id", "bash",', 1))
+    done = run("doctor", "--agent", str(agent))
+    offered = next(line for line in done.stdout.splitlines() if "programs offered:" in line)
+    assert "sh, id, bash, python3" in offered, offered
+    again = run("up", "--agent", str(agent), "--no-way-in")
+    assert again.returncode == 0, again.stderr
+    assert "id" in written.read_text().split("allow")[1].split("]")[0]  # a second up keeps the user's file
+
+
+# -- what the commands say to a person ------------------------------------------------------
+
+
+def first_line(fd: int, timeout: float) -> str:
+    """The first line written to the pipe `fd`, read as it comes, within `timeout` seconds ("" at the deadline)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in data and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").split("\n")[0]
+
+
+def test_up_started_in_a_terminal_says_it_waits_for_an_mcp_client_and_where_its_setup_is(tmp_path):
+    require_sandbox()
+    env = clean_env(HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "data"))
+    agent = tmp_path / "agent"
+    controller, terminal = os.openpty()
+    try:
+        up = subprocess.Popen([*SERVER, "up", "--agent", str(agent)], stdin=terminal, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    finally:
+        os.close(terminal)
+    try:
+        assert up.stderr is not None
+        first = first_line(up.stderr.fileno(), timeout=60)  # said before it waits
+        assert "an MCP server over stdio" in first and "waiting for a client" in first, first
+        assert str(agent) in first and str(agent / "Config" / "sandbox.toml") in first, first
+    finally:
+        os.close(controller)  # the terminal hangs up: its input ends
+        up.communicate(timeout=60)
+    piped = subprocess.run([*SERVER, "up", "--agent", str(agent)], stdin=subprocess.DEVNULL, capture_output=True,
+                           env=env, cwd=tmp_path, timeout=120)
+    assert b"waiting for a client" not in piped.stderr  # a client's pipe: nothing but the protocol
+
+
+def test_up_help_explains_each_flag_with_its_default():
+    done = subprocess.run([*SERVER, "up", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    for flag in ("--agent DIR", "--sandbox FILE", "--spec FILE", "--no-way-in", "--way-in ADDR", "--as ID",
+                 "--keyring DIR", "--route PROXY"):
+        row = next((line for line in lines if line.strip().startswith(flag)), None)
+        assert row is not None and len(row.split(flag, 1)[1].strip()) > 20, (flag, done.stdout)
+    text = " ".join(done.stdout.split())
+    assert "default: $XDG_DATA_HOME/linkrun/agents/main" in text
+    assert "timeout 2m" in text and "output 16K" in text  # the spec's defaults, from the embedded ones
+    assert "MCP client" in text
+
+
+def test_stop_and_remove_given_the_agents_folder_or_a_missing_folder_say_so_and_touch_nothing(who):
+    run, folder = who
+    agent = folder / "agent"
+    assert run("up", "--agent", str(agent), "--no-way-in").returncode == 0  # makes the agent's folder
+    for command in ("stop", "remove"):
+        wrong = run(command, "--state", str(agent))
+        assert wrong.returncode == 1, wrong.stderr
+        assert f"{agent} is an agent's folder, not its state folder" in wrong.stderr, wrong.stderr
+        assert f"--state {agent / 'State'}" in wrong.stderr
+        missing = run(command, "--state", str(folder / "nonexistent" / "State"))
+        assert missing.returncode == 1 and "no such folder" in missing.stderr, missing.stderr
+    assert (agent / "Files" / "work").is_dir() and (agent / "State").is_dir()  # nothing of it removed
+    assert run("stop", "--state", str(agent / "State")).returncode == 0
+    assert run("remove", "--state", str(agent / "State")).returncode == 0
+    again = run("remove", "--state", str(agent / "State"))  # twice is safe: removed already
+    assert again.returncode == 0, again.stderr
+    assert not (agent / "State").exists() and (agent / "Files").is_dir()
+
+
+def test_read_of_an_ended_background_command_says_how_it_ended(up_as):
+    command_id = up_as.start("sh", "-c", "echo done; exit 3")
+    up_as.wait_ended(command_id)
+    value, text = up_as.read(command_id)
+    header = text.splitlines()[0]
+    assert header.startswith(f"{command_id} · exited (exit 3) · bytes 0–5 of 5"), header
+    assert value["state"] == "exited"
+
+
+def test_a_call_without_a_program_says_it_is_missing(up_as):
+    result = up_as.server.call("command", {"args": ["x"]}, timeout=60)
+    assert result.get("isError"), result
+    assert text_of(result).startswith("Refused: program is missing;"), text_of(result)
+
+
+def test_doctor_before_the_first_up_fails_where_the_agents_folder_cannot_be_made(who):
+    run, folder = who
+    if os.access("/", os.W_OK) and os.stat(folder).st_uid == os.geteuid():
+        pytest.skip("whoever may write / may make the agent's folder anywhere: the user variant shows it")
+    done = run("doctor", "--agent", "/lnk-no-such-place/agent")
+    assert done.returncode == 1, done.stdout
+    assert "FAIL the agent's folder /lnk-no-such-place/agent cannot be made: / may not be written" in done.stdout

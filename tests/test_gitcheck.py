@@ -143,3 +143,21 @@ def test_what_one_run_set_aside_is_not_set_aside_again_by_a_run_that_began_befor
     assert len(gitcheck.after(shorter)) == 1
     assert gitcheck.after(longer) == []
     assert [name.startswith("pre-commit.lnk-set-aside-") for name in os.listdir(hooks)] == [True]
+
+
+def test_the_users_own_hooks_path_in_a_write_folder_is_checked_too(files):
+    # husky and others set core.hooksPath to a folder of the worktree, which a program may write.
+    repo = files / "work" / "repo"
+    git_config(repo / ".git", "core.hooksPath", ".githooks")
+    (repo / ".githooks").mkdir()
+    (repo / ".githooks" / "pre-push").write_text("#!/bin/sh\necho the user's\n")
+    before = look(files)
+    before.taken += 2 * gitcheck.RACY  # as if the look came later: the user's hook is not racy
+    (repo / ".githooks" / "pre-commit").write_text("#!/bin/sh\ntouch MARK\n")
+    assert [note.split(":")[0] for note in gitcheck.after(before)] == ["work/repo/.githooks/pre-commit"]
+    assert sorted(os.listdir(repo / ".githooks"))[1] == "pre-push"
+    before = look(files)
+    os.rename(repo / ".githooks", repo / "elsewhere")
+    os.symlink("elsewhere", repo / ".githooks")
+    assert [note.split(":")[0] for note in gitcheck.after(before)] == ["work/repo/.githooks"]
+    assert not os.path.lexists(repo / ".githooks")

@@ -63,12 +63,11 @@ class GitLook:
     write: tuple[str, ...]
     taken: int = field(default_factory=time.time_ns)
     noted: dict[str, Noted] = field(default_factory=dict)  # path relative to the files folder -> what it was
-    texts: bool = True  # configs' texts (and racy files') noted
     clean: dict[str, tuple] = field(default_factory=dict)  # path -> identity a check of this run found clean
 
     def check(self, files_fd: int) -> list[str]:
         """Step 3: look again, and set aside what changed; what was done, one line each."""
-        now = look(files_fd, self.files_path, self.write, texts=False)
+        now = look(files_fd, self.files_path, self.write)
         done: list[str] = []
         for path, after in now.noted.items():
             before = self.noted.get(path)
@@ -131,10 +130,9 @@ def after(first: GitLook) -> list[str]:
                 f"in {first.files_path} before you run git there"]
 
 
-def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = True) -> GitLook:
-    """Step 1 (and step 3's second look, `texts=False`: a text is read only when needed)."""
+def look(files_fd: int, files_path: str, write: Sequence[str]) -> GitLook:
+    """Step 1, and step 3's second look (a config's text is read again only when it changed)."""
     result = GitLook(files_path, tuple(write))
-    result.texts = texts
     seen_git: set[str] = set()
     for rel in sorted(set(write)):
         try:
@@ -188,7 +186,13 @@ def _note_git_folder(files_fd: int, path: str, result: GitLook, seen_git: set[st
             _note_at(git_fd, name, f"{path}/{name}", kind, result)
         hooks = _note_at(git_fd, "hooks", f"{path}/hooks", HOOKS, result)
         if hooks is not None and stat.S_ISDIR(hooks.st_mode):
-            _note_hooks(git_fd, f"{path}/hooks", result)
+            _note_hooks(git_fd, "hooks", f"{path}/hooks", result)
+        # The user's own core.hooksPath (husky's `.husky/_`), when it names a folder of a write folder.
+        hooks_path = _hooks_path(result.noted.get(f"{path}/config"))
+        root = path.rpartition("/")[0] if path.endswith("/.git") else path  # where git runs hooks
+        where = _within(files_fd, result.files_path, root, hooks_path, result.write, True) if hooks_path else None
+        if where is not None:
+            _note_hook_folder(files_fd, where, result)
         for linked in _subfolders(git_fd, "worktrees"):
             for name, kind in (("config.worktree", CONFIG), ("commondir", COMMONDIR)):
                 _note_at(git_fd, f"worktrees/{linked}/{name}", f"{path}/worktrees/{linked}/{name}", kind, result)
@@ -199,9 +203,23 @@ def _note_git_folder(files_fd: int, path: str, result: GitLook, seen_git: set[st
         os.close(git_fd)
 
 
-def _note_hooks(git_fd: int, path: str, result: GitLook) -> None:
+def _note_hook_folder(files_fd: int, rel: str, result: GitLook) -> None:
+    parent, _, name = rel.rpartition("/")
     try:
-        hooks_fd = os.open("hooks", _DIR, dir_fd=git_fd)
+        parent_fd = _open_path(files_fd, parent)
+    except OSError:
+        return
+    try:
+        folder = _note_at(parent_fd, name, rel, HOOKS, result)
+        if folder is not None and stat.S_ISDIR(folder.st_mode):
+            _note_hooks(parent_fd, name, rel, result)
+    finally:
+        os.close(parent_fd)
+
+
+def _note_hooks(dir_fd: int, name: str, path: str, result: GitLook) -> None:
+    try:
+        hooks_fd = os.open(name, _DIR, dir_fd=dir_fd)
     except OSError:
         return
     try:
@@ -220,7 +238,7 @@ def _note_at(dir_fd: int, name: str, path: str, kind: str, result: GitLook) -> o
         return None
     ident = (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
     text = None
-    if result.texts and stat.S_ISREG(info.st_mode) and (kind == CONFIG or info.st_ctime_ns >= result.taken - RACY):
+    if stat.S_ISREG(info.st_mode) and (kind == CONFIG or info.st_ctime_ns >= result.taken - RACY):
         text = _TEXTS.get((path, ident)) if info.st_ctime_ns < result.taken - RACY else None
         if text is None:
             text = _read(dir_fd, name)
@@ -271,18 +289,28 @@ def _pointed(files_fd: int, files_path: str, path: str, write: Sequence[str]) ->
     line = text.decode(errors="replace").split("\n", 1)[0]
     if not line.startswith("gitdir:"):
         return None
-    target = line[len("gitdir:"):].strip()
+    return _within(files_fd, files_path, path.rpartition("/")[0], line[len("gitdir:"):].strip(), write)
+
+
+def _within(files_fd: int, files_path: str, base: str, target: str, write: Sequence[str],
+            last_any: bool = False) -> str | None:
+    """`target` (absolute, or relative to the folder `base`), relative to the
+    files folder, when it is a folder in a write folder reached through no
+    link (with `last_any`, its last name may be anything, or nothing yet);
+    else None."""
     if target.startswith("/"):
         if not target.startswith(files_path.rstrip("/") + "/"):
             return None
         names = target[len(files_path.rstrip("/")) + 1:].split("/")
     else:
-        names = path.split("/")[:-1] + target.split("/")
+        names = base.split("/") + target.split("/")
     # Walked as git's open would, but refusing a link: then `..` is the parent named.
     kept: list[str] = []
-    for name in names:
-        if name in ("", "."):
-            continue
+    names = [name for name in names if name not in ("", ".")]
+    for at, name in enumerate(names):
+        if last_any and at == len(names) - 1 and name != "..":
+            kept.append(name)
+            break
         if name == "..":
             if not kept:
                 return None
@@ -295,6 +323,23 @@ def _pointed(files_fd: int, files_path: str, path: str, write: Sequence[str]) ->
                 return None
     rel = "/".join(kept)
     return rel if any(rel.startswith(w + "/") for w in write) else None
+
+
+def _hooks_path(config: Noted | None) -> str | None:
+    """core.hooksPath of a config the check kept (the user's own: a program's
+    is taken out), as git reads it; None without one."""
+    if config is None or config.text is None or b"hookspath" not in config.text.lower():
+        return None
+    if config.text not in _HOOKS_PATHS:
+        try:
+            found = [value for key, value in gitconfig.entries(config.text) if key == "core.hookspath"]
+        except gitconfig.Unreadable:
+            found = []
+        _HOOKS_PATHS[config.text] = found[-1] if found and found[-1] else None
+    return _HOOKS_PATHS[config.text]
+
+
+_HOOKS_PATHS: dict[bytes, str | None] = {}  # a config's text -> its hooksPath, parsed once by git
 
 
 def _read_at(files_fd: int, path: str) -> bytes | None:

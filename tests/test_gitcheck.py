@@ -45,7 +45,7 @@ def files(tmp_path) -> Path:
     return folder
 
 
-def look(files: Path) -> gitcheck.Look:
+def look(files: Path) -> gitcheck.GitLook:
     fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         return gitcheck.look(fd, str(files), ["work"])
@@ -133,3 +133,31 @@ def test_allowed_checks_the_value_of_a_remote_url_and_a_submodule_update():
     assert not gitconfig.allowed(("remote.origin.url", "../local.git"))
     assert not gitconfig.allowed(("submodule.s.update", "!touch MARK"))
     assert gitconfig.allowed(("submodule.s.update", "merge"))
+
+
+def test_what_one_run_set_aside_is_not_set_aside_again_by_a_run_that_began_before(files):
+    hooks = files / "work" / "repo" / ".git" / "hooks"
+    hooks.mkdir()
+    longer, shorter = look(files), look(files)  # a background command's look, then a call's
+    (hooks / "pre-commit").write_text("#!/bin/sh\n")
+    assert len(gitcheck.after(shorter)) == 1
+    assert gitcheck.after(longer) == []
+    assert [name.startswith("pre-commit.lnk-set-aside-") for name in os.listdir(hooks)] == [True]
+
+
+def test_the_users_own_hooks_path_in_a_write_folder_is_checked_too(files):
+    # husky and others set core.hooksPath to a folder of the worktree, which a program may write.
+    repo = files / "work" / "repo"
+    git_config(repo / ".git", "core.hooksPath", ".githooks")
+    (repo / ".githooks").mkdir()
+    (repo / ".githooks" / "pre-push").write_text("#!/bin/sh\necho the user's\n")
+    before = look(files)
+    before.taken += 2 * gitcheck.RACY  # as if the look came later: the user's hook is not racy
+    (repo / ".githooks" / "pre-commit").write_text("#!/bin/sh\ntouch MARK\n")
+    assert [note.split(":")[0] for note in gitcheck.after(before)] == ["work/repo/.githooks/pre-commit"]
+    assert sorted(os.listdir(repo / ".githooks"))[1] == "pre-push"
+    before = look(files)
+    os.rename(repo / ".githooks", repo / "elsewhere")
+    os.symlink("elsewhere", repo / ".githooks")
+    assert [note.split(":")[0] for note in gitcheck.after(before)] == ["work/repo/.githooks"]
+    assert not os.path.lexists(repo / ".githooks")

@@ -16,10 +16,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_sandbox, text_of
+from conftest import REPO, require_sandbox, text_of, wait_for
 from percall_helpers import call_part, close_all
 from gitguard_helpers import PLANT, VECTORS, make_repositories, obeyed, owner_of
 from sandbox_helpers import Agent
@@ -27,6 +28,7 @@ from up_harness import Up
 
 from linkrun import errors
 from linkrun.sandboxing import gitcheck, percall
+from linkrun.sandboxing.gitcheck import Meanwhile
 
 
 def git(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -99,6 +101,9 @@ def test_what_a_call_plants_in_a_repository_is_not_obeyed_by_the_users_git_after
     make_repositories(work)
     planted = up_as.command("sh", "-c", PLANT, "sh", str(work))
     assert "planted" in text_of(planted), text_of(planted)
+    # The agent is told what was set aside, and why.
+    assert "[the user's git would have run what this call wrote into a repository; set aside: " in text_of(planted)
+    assert "work/fsmonitor/.git/config: core.fsmonitor taken out" in text_of(planted)
     assert obeyed(work) == []
 
 
@@ -109,6 +114,41 @@ def test_what_a_background_command_plants_is_not_obeyed_once_it_ended(up_as: Up)
     up_as.wait_ended(command_id)
     assert "planted" in up_as.read_all(command_id)
     assert obeyed(work) == []
+
+
+def test_what_a_running_background_command_plants_is_set_aside_within_seconds(up_as: Up):
+    # Its supervisor checks while it runs (gitcheck.Meanwhile), not only at its end.
+    work = up_as.agent / "Files" / "work"
+    make_repositories(work)
+    hook = work / "hook" / ".git" / "hooks" / "pre-commit"
+    command_id = up_as.start("sh", "-c", f"mkdir -p {hook.parent}; printf '#!/bin/sh\\ntouch {work}/MARK-hook\\n' > {hook}; chmod +x {hook}; "
+                             f"git -C {work}/fsmonitor config core.fsmonitor 'touch {work}/MARK-fsmonitor #'; "
+                             "echo planted; exec sleep 120")
+    wait_for(lambda: "planted" in up_as.read_all(command_id), timeout=30, what="the command to plant")
+    wait_for(lambda: not hook.exists() and "fsmonitor" not in (work / "fsmonitor" / ".git" / "config").read_text(),
+             timeout=3 * Meanwhile.EVERY + 10, what="the supervisor's check to set them aside")
+    assert obeyed(work, ("hook", "fsmonitor")) == []
+    assert [name.startswith("pre-commit.lnk-set-aside-") for name in os.listdir(hook.parent)] == [True]
+    up_as.stop(command_id)
+
+
+def test_what_a_long_call_plants_is_set_aside_while_it_runs(up_as: Up):
+    work = up_as.agent / "Files" / "work"
+    make_repositories(work)
+    hook = work / "hook" / ".git" / "hooks" / "pre-commit"
+    answers: list[dict] = []
+    call = threading.Thread(target=lambda: answers.append(up_as.command(
+        "sh", "-c", f"mkdir -p {hook.parent}; printf '#!/bin/sh\\ntouch {work}/MARK-hook\\n' > {hook}; chmod +x {hook}; "
+        f"while [ -e {hook} ]; do sleep 0.1; done; echo gone")))
+    call.start()
+    try:
+        wait_for(lambda: hook.exists() or answers, timeout=30, what="the call to plant")
+        assert not answers, text_of(answers[0])
+        wait_for(lambda: not hook.exists(), timeout=3 * Meanwhile.EVERY + 10, what="the check while the call runs")
+        assert obeyed(work, ("hook",)) == []
+    finally:
+        call.join(timeout=60)
+    assert "gone" in text_of(answers[0]) and "work/hook/.git/hooks/pre-commit: set aside" in text_of(answers[0])
 
 
 # Many repositories: the call's part costs the same whatever their number.
@@ -156,7 +196,7 @@ def test_a_repository_below_two_write_folders_is_checked_once(files):
     assert len(check(look, files)) == 1
 
 
-def open_and_look(files: Path, write: list[str] | None = None) -> gitcheck.Look:
+def open_and_look(files: Path, write: list[str] | None = None) -> gitcheck.GitLook:
     fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return gitcheck.look(fd, str(files), write or ["work"])
@@ -164,7 +204,7 @@ def open_and_look(files: Path, write: list[str] | None = None) -> gitcheck.Look:
         os.close(fd)
 
 
-def check(look: gitcheck.Look, files: Path) -> list[str]:
+def check(look: gitcheck.GitLook, files: Path) -> list[str]:
     return gitcheck.after(look)
 
 

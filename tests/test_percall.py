@@ -40,7 +40,7 @@ def test_a_link_planted_on_a_write_folder_cannot_make_home_writable_at_the_next_
     assert "remove it" in str(error)
 
 
-def look_at(files: Path) -> gitcheck.Look:
+def look_at(files: Path) -> gitcheck.GitLook:
     fd = open_files(files)
     try:
         return gitcheck.look(fd, str(files), ["work"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -1033,6 +1034,62 @@ def sleeps_at_once(files: str, rounds: int = 5) -> None:
            f"20 minimal bwraps at once: {bare_s:.3f} s; pass-through sandbox: {serve:.3f} s; 0.5 s")
 
 
+def repositories(files: str) -> None:
+    """A call's time through up with N git repositories in work/ (issue 23,
+    D2), now at 0, 64 and 1,000; with LNK_BENCH_BEFORE (a Python whose
+    `linkrun` is another checkout, the code before), that code too, in the
+    same run, calls of the two alternating."""
+    print("repositories: a call through up with N git repositories in work/")
+    scratch = os.path.dirname(files)
+    template = os.path.join(scratch, "template-repo")
+    subprocess.run(["git", "init", "-q", template], check=True)  # the default template: its sample hooks
+    before = os.environ.get("LNK_BENCH_BEFORE")
+    codes = {"now": SERVER, **({"before": [before, "-I", "-m", "linkrun"]} if before else {})}
+    padding = "#" * 9000  # over spare.SCRIPT_LIMIT: the call sets up a sandbox of its own
+    medians: dict[tuple[str, int, str], float] = {}
+    for count in (0, 64, 1000):
+        servers = {}
+        # The code before refused every call past 64 repositories (issue 23): it is measured at 0 and 64.
+        for label, argv in codes.items() if count <= 64 else [("now", SERVER)]:
+            agent = os.path.join(scratch, f"repositories-{label}-{count}")
+            work = os.path.join(agent, "Files", "work")
+            for i in range(count):  # linked, not copied: the same files, read alike, made fast
+                shutil.copytree(template, os.path.join(work, "r", str(i), ".git"), symlinks=True,
+                                copy_function=os.link)
+            servers[label] = server = Server(argv + ["up", "--agent", agent])
+            server.send(INIT)
+            server.wait(0)
+        samples: dict[tuple[str, str], list[float]] = {}
+        refused: dict[str, str] = {}
+        for index in range(1, 41):
+            for label, server in servers.items():
+                for kind, args in (("spare", ["-c", "echo hi"]), ("own", ["-c", "echo hi", padding])):
+                    request_id = index * 10 + (kind == "own")
+                    time.sleep(PACE)
+                    t = time.perf_counter()
+                    server.call(request_id, {"program": "sh", "args": args})
+                    answered, message = server.wait(request_id)
+                    samples.setdefault((label, kind), []).append(answered - t)
+                    if message.get("result", {}).get("isError"):
+                        refused[label] = message["result"]["content"][0]["text"][:60]
+        for server in servers.values():
+            server.close()
+        for label in servers:
+            if label in refused:
+                row(f"  {count} repositories, {label}", "refused", "", refused[label])
+                continue
+            for kind in ("spare", "own"):
+                medians[(label, count, kind)] = median_ms(samples[(label, kind)])
+            row(f"  {count} repositories, {label}: `echo hi`", f"{medians[(label, count, 'spare')]:.2f} ms", "",
+                f"its own sandbox (no spare): {medians[(label, count, 'own')]:.2f} ms")
+    for count in (0, 64, 1000):
+        for base in (0, 64):
+            if ("now", count, "spare") in medians and ("before", base, "spare") in medians:
+                row(f"  now at {count} against before at {base}",
+                    f"{medians[('now', count, 'spare')] / medians[('before', base, 'spare')]:.2f}×", "",
+                    f"its own sandbox: {medians[('now', count, 'own')] / medians[('before', base, 'own')]:.2f}×")
+
+
 def startup(files: str):
     from bench_start import startup as measure  # tools/, beside this script
 
@@ -1040,7 +1097,8 @@ def startup(files: str):
 
 
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
-          "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup}
+          "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup,
+          "repositories": repositories}
 
 
 README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows

@@ -291,7 +291,9 @@ class Supervisor:
                       stages=(Stage("SIGTERM to the program's session", self.terminate, TERM_GRACE),))
         watch.drain(self.out_r, self.output.pump)
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
-        watch.run(self.look_for_a_stop)
+        from ..sandboxing.gitcheck import Meanwhile  # the git check while the program runs too
+        watch.run(self.look_for_a_stop if self.launch.git is None else
+                  Meanwhile(self.launch.git, [], self.look_for_a_stop, lambda note: self.log(f"git check: {note}")))
         self.gate.wait()
         self.end_cgroup()
         self.launch.close()  # with the git check: every process of the sandbox has ended

@@ -334,7 +334,7 @@ class Tools:
         if name == "start":
             request = self.check_run(arguments)
             os.close(runner.open_folder(self._files_descriptor(), request.folder))
-            with self.launch(request, watch_init=False) as launch:  # a planted link is refused now, not in the gate
+            with self.launch(request, watch_init=False, git_check=False) as launch:  # a planted link: refused now
                 check_exec_size(launch)
             command_id = background.start(request, self.argv_tail(request), arguments, context.meta)
             return answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
@@ -364,12 +364,12 @@ class Tools:
         """What follows the sandbox's `--`: the program, through env when --var is given."""
         return program_argv(request.program, request.args, self.settings.variables)
 
-    def launch(self, request: runner.Request, watch_init: bool = True, grouped: bool = True) -> Launch:
+    def launch(self, request: runner.Request, watch_init: bool = True, grouped: bool = True, git_check: bool = True) -> Launch:
         """The call's whole sandbox argv and its descriptors (see launch.py); a
         link planted on a path it binds is Refused, naming it."""
         self._watch_etc()
         return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(), watch_init,
-                       grouped)
+                       grouped, git_check)
 
     def _key(self, launch: Launch) -> tuple:
         """What a sandbox made now would show (Launch.key), and which proxy listens in it."""

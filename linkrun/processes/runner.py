@@ -176,7 +176,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     else:
         leader, group = _spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
     try:
-        outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress)
+        outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress, launch)
         outcome.limit = group.limit_hit() if group is not None else None
         if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
             from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
@@ -249,7 +249,7 @@ def end_spare(spare: Spare) -> None:
 
 
 def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
-           output_limit: int, progress: Callable[[float, int], None] | None) -> Outcome:
+           output_limit: int, progress: Callable[[float, int], None] | None, launch: Launch) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
     sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
@@ -262,7 +262,7 @@ def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], s
         watch.drain(process.stderr.fileno(), readers[1])
         if request.input and process.stdin is not None:  # a pipe exactly when there is input
             _Input(watch, process.stdin, request.input)
-        watch.run(_Progress(progress, output, errors, started) if progress is not None else None)
+        watch.run(_ticks(_Progress(progress, output, errors, started) if progress is not None else None, launch))
     except BaseException:
         leader.kill()  # done already if the watch itself failed
         process.wait()
@@ -319,6 +319,15 @@ class _Input:
         if not self.pending:
             self.watch.forget(self.fd)
             self.pipe.close()
+
+
+def _ticks(progress: _Progress | None, launch: Launch) -> Callable[[Watch], float | None] | None:
+    """The progress reports, and the git check while the program runs (gitcheck.Meanwhile)."""
+    if launch.git is None:
+        return progress
+    from ..sandboxing.gitcheck import Meanwhile
+
+    return Meanwhile(launch.git, launch.git_notes, progress)
 
 
 class _Progress:

@@ -12,7 +12,7 @@ answered or the command's end is recorded.
    `.git` file names when that lies in a write folder.
 2. The program runs, with the write folders writable, nothing bound over
    them: it may change or remove any repository.
-3. After every process of it ended, `Look.check` looks again. What is new
+3. After every process of it ended, `GitLook.check` looks again. What is new
    or changed (by identity, or, for what changed within `RACY` of the first
    look, by content) is checked: a new or changed hook, `commondir`, `.git`
    link, a `hooks` that is no folder, a `.git` file that names a folder out
@@ -31,15 +31,18 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 from . import gitconfig
+from .gitfind import lstat as _lstat, repositories as _repositories
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 RACY = 100_000_000  # ns: a file changed this close before the look is compared by content (coarse clocks)
 READ_LIMIT = 1 << 20  # a config or racy hook longer than this is checked as changed
 MODULE_DEPTH = 4  # submodules within submodules, followed this deep
+SET_ASIDE = ".lnk-set-aside-"  # what a check renamed: `<name>.lnk-set-aside-<hex>`
 
 # kind of each noted path: what to do with it when it is new or changed
 CONFIG, HOOK, HOOKS, POINTER, ASIDE, COMMONDIR = "config", "hook", "hooks", "pointer", "aside", "commondir"
@@ -53,35 +56,68 @@ class Noted:
 
 
 @dataclass
-class Look:
+class GitLook:
     """What git obeys in the repositories of the write folders, at one time."""
 
     files_path: str
     write: tuple[str, ...]
     taken: int = field(default_factory=time.time_ns)
     noted: dict[str, Noted] = field(default_factory=dict)  # path relative to the files folder -> what it was
-    texts: bool = True  # configs' texts (and racy files') noted
+    clean: dict[str, tuple] = field(default_factory=dict)  # path -> identity a check of this run found clean
 
     def check(self, files_fd: int) -> list[str]:
         """Step 3: look again, and set aside what changed; what was done, one line each."""
-        now = look(files_fd, self.files_path, self.write, texts=False)
+        now = look(files_fd, self.files_path, self.write)
         done: list[str] = []
         for path, after in now.noted.items():
             before = self.noted.get(path)
             if before is not None and before.ident == after.ident and before.ident[-1] < self.taken - RACY:
                 continue
+            if self.clean.get(path) == after.ident:
+                continue  # found clean by an earlier check of this run, and not changed since
             try:
                 if before is not None and before.text is not None and before.ident[0] == after.ident[0] \
                         and _read_at(files_fd, path) == before.text:
                     continue
-                done += _neutralise(files_fd, self, path, after, before)
-            except OSError as error:  # gone meanwhile, or not ours to change: git cannot obey it either way
+                did = _neutralise(files_fd, self, path, after, before)
+                if not did and after.ident[-1] < time.time_ns() - RACY:
+                    self.clean[path] = after.ident
+                done += did
+            except OSError as error:  # gone meanwhile: nothing left to obey; any other failure is said
                 if not isinstance(error, FileNotFoundError):
                     done.append(f"{path}: could not be checked ({error.strerror})")
         return done
 
 
-def after(first: Look) -> list[str]:
+class Meanwhile:
+    """A watch's tick: `then` (another tick, if any), and step 3 while the
+    program runs, every EVERY seconds, or 50 times what the last check took
+    if longer (under 2% of the time, however many repositories). What it
+    does goes to `log`, or else to `notes`. Returns how soon it is due."""
+
+    EVERY = 2.0
+
+    def __init__(self, first: GitLook, notes: list[str], then: Callable[[Any], float | None] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.first, self.notes, self.then, self.log = first, notes, then, log
+        self.due = time.monotonic() + self.EVERY
+
+    def __call__(self, watch: object) -> float:
+        now = time.monotonic()
+        if now >= self.due:
+            done = after(self.first)
+            if self.log is None:
+                self.notes += done
+            else:
+                for note in done:
+                    self.log(note)
+            self.due = time.monotonic() + max(self.EVERY, 50 * (time.monotonic() - now))
+        soon = max(0.0, self.due - time.monotonic())
+        other = self.then(watch) if self.then is not None else None
+        return soon if other is None else min(soon, other)
+
+
+def after(first: GitLook) -> list[str]:
     """Step 3 on the files folder opened afresh: what it did, or why it could not, one line each."""
     try:
         files_fd = os.open(first.files_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -94,10 +130,9 @@ def after(first: Look) -> list[str]:
                 f"in {first.files_path} before you run git there"]
 
 
-def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = True) -> Look:
-    """Step 1 (and step 3's second look, `texts=False`: a text is read only when needed)."""
-    result = Look(files_path, tuple(write))
-    result.texts = texts
+def look(files_fd: int, files_path: str, write: Sequence[str]) -> GitLook:
+    """Step 1, and step 3's second look (a config's text is read again only when it changed)."""
+    result = GitLook(files_path, tuple(write))
     seen_git: set[str] = set()
     for rel in sorted(set(write)):
         try:
@@ -105,99 +140,45 @@ def look(files_fd: int, files_path: str, write: Sequence[str], texts: bool = Tru
         except OSError:
             continue  # missing, or not a folder: percall refuses or makes it
         try:
-            for path, kind in _repositories(write_fd, rel):
-                _note_repository(files_fd, path, kind, result, seen_git, write)
+            for path, kind, at in _repositories(write_fd, rel):
+                _note_repository(files_fd, at, path, kind, result, seen_git, write)
         finally:
             os.close(write_fd)
     return result
 
 
-# Finding repositories: scandir and lstat, never following a link, to depth 3.
-
-def _repositories(write_fd: int, rel: str) -> Iterator[tuple[str, str]]:
-    """(path, kind) for each `.git` ("git", "pointer" for a file, "link")
-    at `W/.git`, `W/a/.git`, `W/a/b/.git`, and each bare repository ("bare")
-    the listings show (W, W/a) or named `*.git` at W/a/b."""
-    first = yield from _listed(write_fd, rel)
-    for a in first:
-        try:
-            a_fd = os.open(a, _DIR, dir_fd=write_fd)
-        except OSError:
-            continue
-        try:
-            second = yield from _listed(a_fd, f"{rel}/{a}")
-            for b in second:
-                found = _kind_of(a_fd, f"{b}/.git")
-                if found:
-                    yield f"{rel}/{a}/{b}/.git", found
-                elif b.endswith(".git") and _is_bare(a_fd, b):
-                    yield f"{rel}/{a}/{b}", "bare"
-        finally:
-            os.close(a_fd)
-
-
-def _listed(dir_fd: int, path: str) -> Generator[tuple[str, str], None, list[str]]:
-    folders: list[str] = []
-    head = git = False
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            if entry.name == ".git":
-                kind = _kind_of(dir_fd, ".git")
-                if kind:
-                    git = True
-                    yield f"{path}/.git", kind
-            elif entry.is_dir(follow_symlinks=False):
-                folders.append(entry.name)
-            elif entry.name == "HEAD":
-                head = True
-    if head and not git and "objects" in folders and "refs" in folders:
-        yield path, "bare"
-        return []  # a bare repository holds no other
-    return folders
-
-
-def _kind_of(dir_fd: int, name: str) -> str | None:
-    mode = _lstat(dir_fd, name)
-    if mode is None:
-        return None
-    return "git" if stat.S_ISDIR(mode.st_mode) else "pointer" if stat.S_ISREG(mode.st_mode) else "link" \
-        if stat.S_ISLNK(mode.st_mode) else None
-
-
-def _is_bare(parent_fd: int, name: str) -> bool:
-    head = _lstat(parent_fd, f"{name}/HEAD")
-    return head is not None and not stat.S_ISDIR(head.st_mode) and all(
-        (s := _lstat(parent_fd, f"{name}/{sub}")) is not None and stat.S_ISDIR(s.st_mode) for sub in ("objects", "refs"))
-
-
-def _lstat(dir_fd: int, path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return None
-
-
 # Noting what git obeys in each.
 
-def _note_repository(files_fd: int, path: str, kind: str, result: Look, seen_git: set[str],
+def _note_repository(files_fd: int, at: tuple[int, str], path: str, kind: str, result: GitLook, seen_git: set[str],
                      write: Sequence[str]) -> None:
-    if kind == "link":
-        _note_file(files_fd, path, ASIDE, result)
-    elif kind == "pointer":
-        _note_file(files_fd, path, POINTER, result)
+    """`at`: the folder the scan holds open, and the name below it (the scan
+    opened every folder above from the files folder, following no link)."""
+    if kind in ("link", "pointer"):
+        folder, _, name = at[1].rpartition("/")
+        try:  # `b/.git`: `b` opened on its own, following no link
+            folder_fd = _open_path(at[0], folder) if folder else at[0]
+        except OSError:
+            return
+        try:
+            _note_at(folder_fd, name, path, ASIDE if kind == "link" else POINTER, result)
+        finally:
+            if folder_fd != at[0]:
+                os.close(folder_fd)
+    if kind == "pointer":
         target = _pointed(files_fd, result.files_path, path, write)
         if target is not None:
             _note_git_folder(files_fd, target, result, seen_git, MODULE_DEPTH)
-    else:
-        _note_git_folder(files_fd, path, result, seen_git, MODULE_DEPTH)
+    elif kind != "link":
+        _note_git_folder(files_fd, path, result, seen_git, MODULE_DEPTH, at)
 
 
-def _note_git_folder(files_fd: int, path: str, result: Look, seen_git: set[str], depth: int) -> None:
+def _note_git_folder(files_fd: int, path: str, result: GitLook, seen_git: set[str], depth: int,
+                     at: tuple[int, str] | None = None) -> None:
     if path in seen_git:
         return
     seen_git.add(path)
     try:
-        git_fd = _open_path(files_fd, path)
+        git_fd = _open_path(files_fd if at is None else at[0], path if at is None else at[1])
     except OSError:
         return
     try:
@@ -205,7 +186,13 @@ def _note_git_folder(files_fd: int, path: str, result: Look, seen_git: set[str],
             _note_at(git_fd, name, f"{path}/{name}", kind, result)
         hooks = _note_at(git_fd, "hooks", f"{path}/hooks", HOOKS, result)
         if hooks is not None and stat.S_ISDIR(hooks.st_mode):
-            _note_hooks(git_fd, f"{path}/hooks", result)
+            _note_hooks(git_fd, "hooks", f"{path}/hooks", result)
+        # The user's own core.hooksPath (husky's `.husky/_`), when it names a folder of a write folder.
+        hooks_path = _hooks_path(result.noted.get(f"{path}/config"))
+        root = path.rpartition("/")[0] if path.endswith("/.git") else path  # where git runs hooks
+        where = _within(files_fd, result.files_path, root, hooks_path, result.write, True) if hooks_path else None
+        if where is not None:
+            _note_hook_folder(files_fd, where, result)
         for linked in _subfolders(git_fd, "worktrees"):
             for name, kind in (("config.worktree", CONFIG), ("commondir", COMMONDIR)):
                 _note_at(git_fd, f"worktrees/{linked}/{name}", f"{path}/worktrees/{linked}/{name}", kind, result)
@@ -216,42 +203,57 @@ def _note_git_folder(files_fd: int, path: str, result: Look, seen_git: set[str],
         os.close(git_fd)
 
 
-def _note_hooks(git_fd: int, path: str, result: Look) -> None:
-    try:
-        hooks_fd = os.open("hooks", _DIR, dir_fd=git_fd)
-    except OSError:
-        return
-    try:
-        with os.scandir(hooks_fd) as entries:
-            for entry in entries:
-                if not entry.name.endswith(".sample"):  # git runs hooks by their exact names
-                    _note_at(hooks_fd, entry.name, f"{path}/{entry.name}", HOOK, result)
-    finally:
-        os.close(hooks_fd)
-
-
-def _note_at(dir_fd: int, name: str, path: str, kind: str, result: Look) -> os.stat_result | None:
-    info = _lstat(dir_fd, name)
-    if info is None:
-        return None
-    ident = (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-    text = None
-    if result.texts and stat.S_ISREG(info.st_mode) and (kind == CONFIG or info.st_ctime_ns >= result.taken - RACY):
-        text = _read(dir_fd, name)
-    result.noted[path] = Noted(kind, ident, text)
-    return info
-
-
-def _note_file(files_fd: int, path: str, kind: str, result: Look) -> None:
-    parent, _, name = path.rpartition("/")
+def _note_hook_folder(files_fd: int, rel: str, result: GitLook) -> None:
+    parent, _, name = rel.rpartition("/")
     try:
         parent_fd = _open_path(files_fd, parent)
     except OSError:
         return
     try:
-        _note_at(parent_fd, name, path, kind, result)
+        folder = _note_at(parent_fd, name, rel, HOOKS, result)
+        if folder is not None and stat.S_ISDIR(folder.st_mode):
+            _note_hooks(parent_fd, name, rel, result)
     finally:
         os.close(parent_fd)
+
+
+def _note_hooks(dir_fd: int, name: str, path: str, result: GitLook) -> None:
+    try:
+        hooks_fd = os.open(name, _DIR, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        with os.scandir(hooks_fd) as entries:
+            for entry in entries:
+                # git runs hooks by their exact names: never a sample, nor what a check set aside
+                if not entry.name.endswith(".sample") and SET_ASIDE not in entry.name:
+                    _note_at(hooks_fd, entry.name, f"{path}/{entry.name}", HOOK, result)
+    finally:
+        os.close(hooks_fd)
+
+
+def _note_at(dir_fd: int, name: str, path: str, kind: str, result: GitLook) -> os.stat_result | None:
+    info = _lstat(dir_fd, name)
+    if info is None:
+        return None
+    ident = (info.st_mode, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    text = None
+    if stat.S_ISREG(info.st_mode) and (kind == CONFIG or info.st_ctime_ns >= result.taken - RACY):
+        text = _TEXTS.get((path, ident)) if info.st_ctime_ns < result.taken - RACY else None
+        if text is None:
+            text = _read(dir_fd, name)
+            if text is not None and info.st_ctime_ns < result.taken - RACY:
+                if len(_TEXTS) >= TEXTS_KEPT:
+                    _TEXTS.clear()
+                _TEXTS[(path, ident)] = text
+    result.noted[path] = Noted(kind, ident, text)
+    return info
+
+
+# A config's text by its path and identity, from an earlier look of this
+# process (serve looks at every call): one not changed since is not read again.
+_TEXTS: dict[tuple[str, tuple], bytes] = {}
+TEXTS_KEPT = 20_000
 
 
 def _subfolders(dir_fd: int, name: str) -> list[str]:
@@ -287,37 +289,57 @@ def _pointed(files_fd: int, files_path: str, path: str, write: Sequence[str]) ->
     line = text.decode(errors="replace").split("\n", 1)[0]
     if not line.startswith("gitdir:"):
         return None
-    target = line[len("gitdir:"):].strip()
+    return _within(files_fd, files_path, path.rpartition("/")[0], line[len("gitdir:"):].strip(), write)
+
+
+def _within(files_fd: int, files_path: str, base: str, target: str, write: Sequence[str],
+            last_any: bool = False) -> str | None:
+    """`target` (absolute, or relative to the folder `base`), relative to the
+    files folder, when it is a folder in a write folder reached through no
+    link (with `last_any`, its last name may be anything, or nothing yet);
+    else None."""
     if target.startswith("/"):
         if not target.startswith(files_path.rstrip("/") + "/"):
             return None
         names = target[len(files_path.rstrip("/")) + 1:].split("/")
     else:
-        names = path.split("/")[:-1] + target.split("/")
+        names = base.split("/") + target.split("/")
     # Walked as git's open would, but refusing a link: then `..` is the parent named.
     kept: list[str] = []
-    for name in names:
-        if name in ("", "."):
-            continue
+    names = [name for name in names if name not in ("", ".")]
+    for at, name in enumerate(names):
+        if last_any and at == len(names) - 1 and name != "..":
+            kept.append(name)
+            break
         if name == "..":
             if not kept:
                 return None
             kept.pop()
         else:
             kept.append(name)
-            if _kind_of_path(files_fd, "/".join(kept)) is None:
+            try:  # a folder, reached through no link
+                os.close(_open_path(files_fd, "/".join(kept)))
+            except OSError:
                 return None
     rel = "/".join(kept)
     return rel if any(rel.startswith(w + "/") for w in write) else None
 
 
-def _kind_of_path(files_fd: int, rel: str) -> str | None:
-    """"dir" when `rel` is a folder reached through no link."""
-    try:
-        os.close(_open_path(files_fd, rel))
-        return "dir"
-    except OSError:
+def _hooks_path(config: Noted | None) -> str | None:
+    """core.hooksPath of a config the check kept (the user's own: a program's
+    is taken out), as git reads it; None without one."""
+    if config is None or config.text is None or b"hookspath" not in config.text.lower():
         return None
+    if config.text not in _HOOKS_PATHS:
+        try:
+            found = [value for key, value in gitconfig.entries(config.text) if key == "core.hookspath"]
+        except gitconfig.Unreadable:
+            found = []
+        _HOOKS_PATHS[config.text] = found[-1] if found and found[-1] else None
+    return _HOOKS_PATHS[config.text]
+
+
+_HOOKS_PATHS: dict[bytes, str | None] = {}  # a config's text -> its hooksPath, parsed once by git
 
 
 def _read_at(files_fd: int, path: str) -> bytes | None:
@@ -371,7 +393,7 @@ def _open_path(files_fd: int, rel: str) -> int:
 
 # Step 3: setting aside.
 
-def _neutralise(files_fd: int, first: Look, path: str, after: Noted, before: Noted | None) -> list[str]:
+def _neutralise(files_fd: int, first: GitLook, path: str, after: Noted, before: Noted | None) -> list[str]:
     parent, _, name = path.rpartition("/")
     parent_fd = _open_path(files_fd, parent)
     try:
@@ -397,7 +419,7 @@ def _points_home(worktree_fd: int, name: str) -> bool:
 
 
 def _set_aside(parent_fd: int, name: str, path: str) -> str:
-    aside = f"{name}.lnk-set-aside-{secrets.token_hex(4)}"
+    aside = f"{name}{SET_ASIDE}{secrets.token_hex(4)}"
     os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
     return f"{path}: set aside as {aside} (git would have obeyed it)"
 

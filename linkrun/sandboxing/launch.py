@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's sta
     from .cgroups import Group, Place
     from .fallback import Holding
     from .etcview import EtcWatch
-    from .gitcheck import Look
+    from .gitcheck import GitLook
 
 INFO_LIMIT = 4096  # bwrap's info is one small JSON object
 
@@ -146,7 +146,7 @@ class Launch:
     block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
     no_internet: str | None = None  # why the program runs without the internet, if it does
     shown_args: list[str] = field(default_factory=list)  # the argv's binds and filter, for `key`
-    git: Look | None = None  # the repositories as they were before the program (gitcheck.py), checked at close()
+    git: GitLook | None = None  # the repositories as they were before the program (gitcheck.py), checked at close()
     git_notes: list[str] = field(default_factory=list)  # what that check set aside
 
     @functools.cached_property
@@ -240,7 +240,7 @@ class Launch:
             from .gitcheck import after
 
             look, self.git = self.git, None
-            self.git_notes = after(look)
+            self.git_notes += after(look)  # after what a check while it ran did
         self.handed_over()
         self._let_go()
         while self.held:

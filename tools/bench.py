@@ -1033,6 +1033,43 @@ def sleeps_at_once(files: str, rounds: int = 5) -> None:
            f"20 minimal bwraps at once: {bare_s:.3f} s; pass-through sandbox: {serve:.3f} s; 0.5 s")
 
 
+def kept(files: str):
+    """A call printing 1 GiB with its output kept past the answer (the ring in <state>/kept/) against
+    the same call without (no --keep-* flags: today's path), in turns on fresh servers, so that each
+    server's VmHWM is that call's peak."""
+    print("kept: a call's whole output kept past its answer (pass-through sandbox)")
+    state = os.path.join(os.path.dirname(files), "kept-state")
+    keep = ["--state", state, "--keep-output", "16M", "--keep-for", "1d", "--keep-total", "256M"]
+    script = "head -c 1073741824 /dev/zero"
+    times: dict[str, list[float]] = {"without": [], "kept": []}
+    peaks: dict[str, list[float]] = {"without": [], "kept": []}
+    for _ in range(5):
+        for label in ("without", "kept"):
+            argv = serve_argv(files)
+            if label == "kept":
+                argv = argv[:-2] + keep + argv[-2:]
+            server = Server(argv)
+            server.send(INIT)
+            server.wait(0)
+            t = time.perf_counter()
+            server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "command", "arguments": {"program": "sh", "args": ["-c", script]},
+                "_meta": {"link.local/thread": "bench"}}})
+            _, answer = server.wait(1)
+            times[label].append(time.perf_counter() - t)
+            peaks[label].append(status_kb(server.process.pid, "VmHWM") / 1024)
+            structured = answer["result"]["structuredContent"]
+            assert (label == "kept") == ("output_id" in structured), structured.keys()
+            server.close()
+    without, with_kept = statistics.median(times["without"]), statistics.median(times["kept"])
+    row("1 GiB on stdout, kept (median of 5)", f"{with_kept:.3f} s", "target ≤ 1.10×",
+        f"not kept, same run: {without:.3f} s ({with_kept / without:.2f}×)")
+    row("  server peak RSS, kept (median)", f"{statistics.median(peaks['kept']):.1f} MB", "target: no growth",
+        f"not kept: {statistics.median(peaks['without']):.1f} MB")
+    figure("1 GiB printed by a call, its output kept", f"{with_kept:.3f} s, peak {statistics.median(peaks['kept']):.1f} MB",
+           f"not kept: {without:.3f} s, peak {statistics.median(peaks['without']):.1f} MB")
+
+
 def startup(files: str):
     from bench_start import startup as measure  # tools/, beside this script
 
@@ -1040,7 +1077,7 @@ def startup(files: str):
 
 
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
-          "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup}
+          "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup, "kept": kept}
 
 
 README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows

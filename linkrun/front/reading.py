@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outfile import ReadChunk
 from ..errors import Refused
 from .kept import is_kept_id
@@ -43,6 +44,14 @@ def read_tool(background: bool, kept: bool) -> dict:
             "offset": {"type": "integer", "minimum": 0, "description": "The byte to read from, counted from its first byte."},
             "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
                      "description": "Seconds to wait when there is nothing new yet (at most 30)."},
+            "lines": {"type": "string", "pattern": r"^(\d+(-\d*)?|-\d+)$",
+                      "description": "Lines instead of bytes: 120-180 (lines 120 to 180), 120- (from line 120), "
+                                     "120 (one line), -50 (the last 50). Line 1 is the first line kept."},
+            "pattern": {"type": "string", "description": (
+                "The lines matching this regular expression (RE2 syntax: as Python's re, without "
+                "backreferences or lookarounds; a match stays within a line), with their line numbers and byte "
+                f"offsets, at most {SCREEN} and a count of the rest; with lines, only within them; with offset, "
+                "from there.")},
         }, "required": ["id"], "additionalProperties": False},
         "outputSchema": {"type": "object", "properties": {
             "id": {"type": "string"},
@@ -50,7 +59,17 @@ def read_tool(background: bool, kept: bool) -> dict:
             "offset": {"type": "integer"},
             "next": {"type": "integer"}, "kept_from": {"type": "integer"}, "total": {"type": "integer"},
             "dropped": {"type": "integer", "description": "Bytes lost to a full disk (only when some were)."},
-            "text": {"type": "string", "description": "The returned bytes (offset to next), decoded."},
+            "text": {"type": "string", "description": "The returned bytes (offset to next), decoded; with lines or "
+                     "pattern, the lines found as the answer's text shows them."},
+            "lines": {"type": "array", "description": "With lines or pattern: the lines found, in order.",
+                      "items": {"type": "object", "properties": {
+                          "line": {"type": "integer"}, "offset": {"type": "integer"},
+                          "text": {"type": "string", "description": f"At most {LINE_SHOWN} bytes of it."},
+                          "bytes": {"type": "integer", "description": "The whole line's length."}},
+                          "required": ["line", "offset", "text", "bytes"]}},
+            "more": {"type": "integer", "description": "With lines or pattern: lines found past those shown."},
+            "searched_to": {"type": "integer", "description": "With lines or pattern: the byte the search "
+                            "stopped at (total, or where its time ran out)."},
         }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
         "annotations": {"title": title, "readOnlyHint": True, "destructiveHint": False, "idempotentHint": True,
                         "openWorldHint": False},
@@ -63,6 +82,10 @@ def answer(arguments: dict, context: CallContext, settings: Serve, background: B
     offset = arguments.get("offset")
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
         raise Refused("offset must be a whole number of bytes, 0 or more", "use the next of the last read")
+    if "lines" in arguments or "pattern" in arguments:
+        from .finding import find
+
+        return find(arguments, context.meta, background, kept)
     if kept is not None and (background is None or is_kept_id(arguments.get("id"))):
         wait = arguments.get("wait", 0)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:

@@ -199,3 +199,40 @@ def test_under_up_the_kept_output_is_the_users_and_out_of_every_sandboxs_reach(u
                           str(folder), str(folder / f"{kept_id}.out"))
     assert f"{folder} False" in inside and f"{kept_id}.out False" in inside
     assert read_whole(up_as.server, kept_id, UP_META) == numbers(300000)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_the_python_sdk_follows_the_link_with_resources_read(files, state, mode):
+    """The official Python SDK, in both eras: the link in the content, its structured value checked against
+    the output schema by the SDK itself, and resources/read of the link."""
+    import anyio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+    from mcp_types import Implementation
+
+    argv = keep_argv(files, state)
+
+    async def main() -> tuple[str, str, str]:
+        params = StdioServerParameters(command=argv[0], args=argv[1:])
+        async with Client(params, mode=mode, client_info=Implementation(name="linkrun-test-py", version="0")) as client:
+            result = await client.call_tool("command", {"program": "python3", "args": NUMBERS}, meta=META)
+            links = [block for block in result.content if block.type == "resource_link"]
+            read = await client.read_resource(str(links[0].uri), meta=META)
+            return result.structured_content["output_id"], str(links[0].uri), read.contents[0].text
+
+    kept_id, uri, text = anyio.run(main)
+    assert uri == f"linkrun://kept/{kept_id}"
+    assert text.encode() == numbers(300000)
+
+
+def test_with_a_way_in_a_call_without_a_conversation_keeps_nothing(servers, files, state, tmp_path):
+    server = servers(keep_argv(files, state, "--way-in", "http://127.0.0.1:9/in", "--as", "agent", "--keyring",
+                               str(tmp_path), "--background", "4", "--background-timeout", "1h",
+                               "--background-output", "16M", "--background-keep", "1d", "--background-per-day", "100",
+                               "--hops", "4"))
+    server.initialize()
+    result = server.call("command", {"program": "python3", "args": NUMBERS})
+    assert "output_id" not in result["structuredContent"]
+    assert "bytes left out …]" in text_of(result)  # the plain cut: no conversation could read it
+    assert kept_files(state) == []
+    assert "output_id" in server.call("command", {"program": "python3", "args": NUMBERS}, meta=META)["structuredContent"]

@@ -1041,13 +1041,19 @@ def kept(files: str):
     state = os.path.join(os.path.dirname(files), "kept-state")
     keep = ["--state", state, "--keep-output", "16M", "--keep-for", "1d", "--keep-total", "256M"]
     script = "head -c 1073741824 /dev/zero"
-    times: dict[str, list[float]] = {"without": [], "kept": []}
-    peaks: dict[str, list[float]] = {"without": [], "kept": []}
+    # LNK_BENCH_BASE: a checkout of the commit before kept output, whose serve runs in the same turns.
+    base = os.environ.get("LNK_BENCH_BASE")
+    labels = ("without", "kept") + (("base",) if base else ())
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    peaks: dict[str, list[float]] = {label: [] for label in labels}
     for _ in range(5):
-        for label in ("without", "kept"):
+        for label in labels:
             argv = serve_argv(files)
             if label == "kept":
                 argv = argv[:-2] + keep + argv[-2:]
+            if label == "base":  # isolated as ours, with the base checkout first on the path
+                argv = [sys.executable, "-I", "-c", f"import sys, runpy; sys.path.insert(0, {base!r}); "
+                        "runpy.run_module('linkrun', run_name='__main__', alter_sys=True)"] + argv[4:]
             server = Server(argv)
             server.send(INIT)
             server.wait(0)
@@ -1060,12 +1066,18 @@ def kept(files: str):
             peaks[label].append(status_kb(server.process.pid, "VmHWM") / 1024)
             structured = answer["result"]["structuredContent"]
             assert (label == "kept") == ("output_id" in structured), structured.keys()
+            if label == "base":  # the commit before: its own package, not this checkout's
+                assert "output_id" not in structured and structured["output_bytes"] == 1 << 30
             server.close()
     without, with_kept = statistics.median(times["without"]), statistics.median(times["kept"])
     row("1 GiB on stdout, kept (median of 5)", f"{with_kept:.3f} s", "target ≤ 1.10×",
         f"not kept, same run: {without:.3f} s ({with_kept / without:.2f}×)")
     row("  server peak RSS, kept (median)", f"{statistics.median(peaks['kept']):.1f} MB", "target: no growth",
         f"not kept: {statistics.median(peaks['without']):.1f} MB")
+    if base:
+        then = statistics.median(times["base"])
+        row("  the commit before, same run (median)", f"{then:.3f} s", "",
+            f"peak {statistics.median(peaks['base']):.1f} MB; kept: {with_kept / then:.2f}× its time")
     figure("1 GiB printed by a call, its output kept", f"{with_kept:.3f} s, peak {statistics.median(peaks['kept']):.1f} MB",
            f"not kept: {without:.3f} s, peak {statistics.median(peaks['without']):.1f} MB")
 

@@ -132,3 +132,24 @@ def test_under_up_a_pattern_is_found_as_root_and_as_a_user(up_as):
     result = up_as.server.call("read", {"id": kept_id, "pattern": "^29999[0-9]$"}, meta=UP_META)
     assert "isError" not in result, text_of(result)
     assert [line["line"] for line in result["structuredContent"]["lines"]] == list(range(299991, 300001))
+
+
+def test_fed_in_pieces_split_anywhere_the_scanner_finds_the_same_lines():
+    """What a watch of a running command's new bytes will feed it: writes that split lines and matches."""
+    from linkrun.detached.lines import Scanner, compile_pattern
+
+    data = b"".join(b"line %d: %s\n" % (i, b"listening on :80" if i % 7 == 3 else b"busy") for i in range(500))
+    data += b"last line without end listening on"
+    pattern = compile_pattern("listening on")
+
+    def lines(pieces: list[bytes]) -> list[tuple[int, int, bytes]]:
+        scanner = Scanner(pattern, 1, None, 1, 1000)
+        found = [line for piece in pieces for line in scanner.feed(piece)]
+        found += scanner.feed(b"", final=True)
+        return [(line.number, line.offset, line.data) for line in found]
+
+    whole = lines([data])
+    assert len(whole) == 72 and whole[0] == (4, 1000 + data.index(b"line 3:"), b"line 3: listening on :80")
+    assert whole[-1] == (501, 1000 + data.index(b"last line"), b"last line without end listening on")
+    for size in (1, 2, 3, 5, 11, 64, 4096):
+        assert lines([data[at:at + size] for at in range(0, len(data), size)]) == whole

@@ -236,3 +236,19 @@ def test_with_a_way_in_a_call_without_a_conversation_keeps_nothing(servers, file
     assert "bytes left out …]" in text_of(result)  # the plain cut: no conversation could read it
     assert kept_files(state) == []
     assert "output_id" in server.call("command", {"program": "python3", "args": NUMBERS}, meta=META)["structuredContent"]
+
+
+def test_a_disk_that_refuses_the_kept_output_never_fails_the_call(servers, files, state):
+    """serve with a file size limit of 1 MiB (EFBIG past it; Python ignores SIGXFSZ): the ring fails
+    half-way, the call answers as without keeping, and nothing half-kept stays."""
+    server = servers(["prlimit", f"--fsize={1024 * 1024}", "--"] + keep_argv(files, state))
+    server.initialize()
+    result = server.call("command", {"program": "python3", "args": NUMBERS}, meta=META)
+    value = result["structuredContent"]
+    assert "output_id" not in value
+    assert (value["exit"], value["output_bytes"]) == (0, 2100000)
+    assert value["output"].endswith("299999") and "bytes left out …]" in value["output"]
+    assert kept_files(state) == []
+    assert server.close() == 0
+    server.kill()
+    assert b"a call's output is not kept past its answer: [Errno 27] File too large" in server.stderr

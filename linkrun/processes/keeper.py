@@ -88,6 +88,8 @@ class Keeper:
             at = start % self.cap
             try:
                 moved = os.splice(fd, self.fd, min(count, self.cap - at), offset_dst=at)  # type: ignore[arg-type]
+                if moved == 0:  # the tee said these bytes are in the pipe: never, but never loop on it
+                    raise OSError("the pipe ended before the bytes it held")
             except OSError as error:
                 self._fail(error)
                 break
@@ -99,7 +101,10 @@ class Keeper:
         if self._null is None:
             self._null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         while count:
-            count -= os.splice(fd, self._null, count)
+            moved = os.splice(fd, self._null, count)
+            if moved == 0:
+                return
+            count -= moved
 
     def _fail(self, error: OSError) -> None:
         print(f"lnk-link-run serve: a call's output is not kept past its answer: {error}", file=sys.stderr,

@@ -45,7 +45,7 @@ def test_a_cut_stream_is_kept_whole_and_read_by_the_id_its_answer_gives(keep, st
     value = result["structuredContent"]
     kept_id = value["output_id"]
     assert "errors_id" not in value  # nothing was cut there
-    assert f"bytes left out: read id={kept_id} has all of them" in text_of(result)
+    assert f"bytes left out: read id={kept_id} has the whole stream" in text_of(result)
     assert f"read id={kept_id}" in value["output"]  # structured-first clients see it too
     assert read_whole(keep, kept_id) == numbers(300000)
     assert kept_files(state) == sorted([f"{kept_id}.json", f"{kept_id}.out"])
@@ -84,7 +84,7 @@ def test_past_its_cap_the_last_bytes_are_kept_and_the_dropped_ones_counted(serve
     server.initialize()
     result = server.call("command", {"program": "python3", "args": NUMBERS}, meta=META)
     kept_id = result["structuredContent"]["output_id"]
-    assert f"read id={kept_id} has its last 1M" in text_of(result)
+    assert f"read id={kept_id} has the stream's last 1M" in text_of(result)
     value, text = read_kept(server, kept_id, offset=0)
     dropped = 2100000 - 1024 * 1024
     assert (value["kept_from"], value["total"], value["offset"]) == (dropped, 2100000, dropped)

@@ -120,7 +120,7 @@ def _shown(capture: Capture, kept_id: str | None = None, cap: int = 0) -> str:
         if kept_id is None:
             parts += [f"[… {capture.left_out} bytes left out …]", tail]
         else:
-            which = "all of them" if capture.total <= cap else f"its last {describe_size(cap)}"
+            which = "the whole stream" if capture.total <= cap else f"the stream's last {describe_size(cap)}"
             parts += [f"[… {capture.left_out} bytes left out: read id={kept_id} has {which} …]", tail]
     # One final newline is the stream's own ending, not a line of its own.
     parts[-1] = parts[-1].removesuffix("\n")

@@ -47,6 +47,9 @@ def test_a_cut_stream_is_kept_whole_and_read_by_the_id_its_answer_gives(keep, st
     assert "errors_id" not in value  # nothing was cut there
     assert f"bytes left out: read id={kept_id} has the whole stream" in text_of(result)
     assert f"read id={kept_id}" in value["output"]  # structured-first clients see it too
+    # The answer's head and tail are as without keeping (the tail read back from where it was kept).
+    head, tail = value["output"].split(" …]\n")[0], value["output"].split(" …]\n")[1]
+    assert head.startswith(numbers(8192 // 7).decode()) and tail == numbers(300000)[-8192:].decode().removesuffix("\n")
     assert read_whole(keep, kept_id) == numbers(300000)
     assert kept_files(state) == sorted([f"{kept_id}.json", f"{kept_id}.out"])
 
@@ -63,6 +66,7 @@ def test_both_streams_are_kept_each_by_its_own_id(keep):
     value = keep.call("command", {"program": "python3", "args": ["-c", script]}, meta=META)["structuredContent"]
     output = read_whole(keep, value["output_id"])
     errors = read_whole(keep, value["errors_id"])
+    assert value["errors"].endswith("e19998\ne19999") and value["output"].endswith("o19998\no19999")
     assert output == b"".join(b"o%05d\n" % i for i in range(20000))
     assert errors == b"".join(b"e%05d\n" % i for i in range(20000))
 

@@ -153,3 +153,12 @@ def test_fed_in_pieces_split_anywhere_the_scanner_finds_the_same_lines():
     assert whole[-1] == (501, 1000 + data.index(b"last line"), b"last line without end listening on")
     for size in (1, 2, 3, 5, 11, 64, 4096):
         assert lines([data[at:at + size] for at in range(0, len(data), size)]) == whole
+
+
+def test_a_pattern_that_matches_empty_counts_each_line_once(both):
+    script = "print('x\\n' * 20000, end='')"  # 20000 lines, each "x"
+    kept_id = both.call("command", {"program": "python3", "args": ["-c", script]}, meta=META)["structuredContent"]["output_id"]
+    value, _ = find(both, kept_id, pattern="y*")
+    assert len(value["lines"]) + value["more"] == 20000
+    value, _ = find(both, kept_id, pattern="^$")
+    assert value["lines"] == [] and value["more"] == 0

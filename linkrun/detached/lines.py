@@ -54,7 +54,10 @@ def compile_pattern(pattern: object) -> Any:
     options.log_errors = False  # the refusal says it; serve's log need not
     options.max_mem = MAX_PATTERN_MEMORY
     try:
-        return re2.compile(b"(?m)" + pattern.encode(), options)  # ^ and $ at each line's start and end
+        re2.compile(pattern.encode(), options)  # whole by itself, so that the wrapping below cannot change it
+        # ^ and $ at each line's start and end; a match is the whole line it is in, so that a line is found
+        # once, and the lines of a block are counted by findall in C.
+        return re2.compile(b"(?m)^.*(?:" + pattern.encode() + b").*$", options)
     except re2.error as error:
         why = error.args[0].decode(errors="replace") if error.args and isinstance(error.args[0], bytes) else str(error)
         raise Refused(f"pattern {pattern!r} cannot be taken: {why}", PATTERN_HINT) from None
@@ -116,6 +119,10 @@ class Scanner:
         self.pattern, self.first, self.last = pattern, first, last
         self.number, self.offset = number, offset  # of the next byte fed
         self.carry = b""  # a line not ended yet
+        # Once set, the selected lines are counted into `counted`, not yielded (matched in C where a block
+        # lies wholly within the range).
+        self.counting = False
+        self.counted = 0
 
     def feed(self, data: bytes, final: bool = False) -> Iterator[Line]:
         """The selected lines ending in `data` (all of them when `final`: no more bytes come)."""
@@ -126,9 +133,22 @@ class Scanner:
         elif end == 0 and len(block) >= BLOCK:
             end = len(block)  # a line longer than a block: matched as a piece
         self.carry = block[end:]
-        yield from self._lines(block, end)
+        if self.counting:
+            self.counted += self._count(block, end)
+        else:
+            yield from self._lines(block, end)
         self.offset += end
         self.number += block.count(b"\n", 0, end) + (1 if end and block[end - 1] != 0x0A else 0)
+
+    def _count(self, block: bytes, end: int) -> int:
+        if end == 0:
+            return 0  # no line: an empty match here would be one that is not there
+        newlines = block.count(b"\n", 0, end)
+        within = self.number >= self.first and (self.last is None or self.number + newlines <= self.last)
+        if self.pattern is not None and within:
+            # Up to the last newline, not past it: past it an empty match would be a line that is not there.
+            return len(self.pattern.findall(block, 0, end - 1 if end and block[end - 1] == 0x0A else end))
+        return sum(1 for _ in self._lines(block, end))
 
     def _lines(self, block: bytes, end: int) -> Iterator[Line]:
         number, counted, at = self.number, 0, 0
@@ -137,7 +157,7 @@ class Scanner:
         while at < end:
             if self.pattern is not None:
                 found = self.pattern.search(block, at, end)
-                if found is None:
+                if found is None or found.start() >= end:  # none, or an empty line past the last
                     return
                 start = max(at, block.rfind(b"\n", at, found.start()) + 1)
             else:
@@ -183,6 +203,10 @@ def scan(fd: int, kept_from: int, size: int, pattern: Any, lines: LineRange, off
                 return _finish(found, total)
             else:
                 found.more += 1
+        if len(found.lines) == SCREEN and pattern is not None and not scanner.counting:
+            scanner.counting = True  # the screen is full: the rest is only counted
+        found.more += scanner.counted
+        scanner.counted = 0
         if not data or (last is not None and scanner.number > last):
             break
         if time.monotonic() > deadline:

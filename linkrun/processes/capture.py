@@ -48,6 +48,14 @@ class Capture:
     def tail_size(self) -> int:
         return self._tail_size
 
+    def count(self, count: int) -> None:
+        """`count` bytes went by with the head full, kept elsewhere (a keeper's ring): the tail is set later."""
+        self.total += count
+
+    def set_tail(self, data: bytes) -> None:
+        """The tail, from where the stream's last bytes are kept (the bytes after the head, at most tail-size)."""
+        self.tail[:] = data
+
     def skip(self, count: int, last: bytes) -> None:
         """`count` bytes went by with the head full; `last` are their final bytes."""
         self.total += count
@@ -91,13 +99,21 @@ class CaptureReader:
         self.plain = False  # no tee here: copy as usual
 
     def __call__(self, fd: int) -> int:
+        keeper = self.keeper
+        if keeper is not None and self.capture.head_full:
+            keeper.open(self.capture)  # the tail will roll: the file starts now
+            if keeper.active and keeper.cap >= self.capture.limit:
+                # Straight into the ring, no tee: the tail is read back from it at the end (close).
+                moved = keeper.pump(fd)
+                if moved is not None:
+                    self.capture.count(moved)
+                    return moved
+                self._tail_from_keeper()  # it broke: on as without it, from the tail it holds
         if self.capture.head_full and not self.plain:
             try:
                 if self.skimmer is None:
                     self.skimmer = Skimmer()
-                if self.keeper is not None:
-                    self.keeper.open(self.capture)  # the tail will roll: the file starts now
-                return self.skimmer.skim(fd, self.capture, self.keeper)
+                return self.skimmer.skim(fd, self.capture, keeper)
             except OSError:
                 self.plain = True  # tee, or the skimmer's pipes, failed before anything was read
         count = os.readv(fd, [self.buffer])
@@ -107,7 +123,16 @@ class CaptureReader:
             self.capture.feed(self.buffer[:count])
         return count
 
+    def _tail_from_keeper(self) -> None:
+        """The capture's tail read back from the keeper's ring, where the pump put the stream's last bytes."""
+        keeper = self.keeper
+        if keeper is not None and keeper.pumped:
+            capture = self.capture
+            capture.set_tail(keeper.last(max(len(capture.head), capture.total - capture.tail_size)))
+            keeper.pumped = False
+
     def close(self) -> None:
+        self._tail_from_keeper()
         if self.skimmer is not None:
             self.skimmer.close()
             self.skimmer = None

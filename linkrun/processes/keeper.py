@@ -25,6 +25,7 @@ import os
 import sys
 
 from .capture import Capture
+from .group import CHUNK
 
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -32,13 +33,14 @@ OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 class Keeper:
     """Writes one stream into `<name>` of `folder_fd` (which the caller owns and keeps open)."""
 
-    __slots__ = ("folder_fd", "name", "cap", "fd", "written", "broken", "_null")
+    __slots__ = ("folder_fd", "name", "cap", "fd", "written", "broken", "pumped", "_null")
 
     def __init__(self, folder_fd: int, name: str, cap: int) -> None:
         self.folder_fd, self.name, self.cap = folder_fd, name, cap
         self.fd: int | None = None
         self.written = 0  # bytes of the stream written (or skipped past) into the ring
         self.broken = False  # the disk failed it: nothing more is kept
+        self.pumped = False  # bytes went into the ring by pump since the capture's tail was set
         self._null: int | None = None
 
     @property
@@ -76,6 +78,33 @@ class Keeper:
                 data, start = data[count:], start + count
         except OSError as error:
             self._fail(error)
+
+    def pump(self, fd: int) -> int | None:
+        """What the pipe `fd` holds, up to a chunk, moved into the ring: the bytes moved (0 at its end), or
+        None when the disk failed it (nothing was taken from the pipe then)."""
+        at = self.written % self.cap
+        try:
+            moved = os.splice(fd, self.fd, min(CHUNK, self.cap - at), offset_dst=at)  # type: ignore[arg-type]
+        except OSError as error:
+            self._fail(error)
+            return None
+        self.written += moved
+        self.pumped = True
+        return moved
+
+    def last(self, start: int) -> bytes:
+        """The stream's bytes [start, written), read back from the ring (start within its last cap bytes)."""
+        parts, at = [], start
+        try:
+            while at < self.written:
+                chunk = os.pread(self.fd, min(self.written - at, self.cap - at % self.cap), at % self.cap)  # type: ignore[arg-type]
+                if not chunk:
+                    break
+                parts.append(chunk)
+                at += len(chunk)
+        except OSError as error:
+            self._fail(error)
+        return b"".join(parts)
 
     def splice(self, fd: int, count: int) -> None:
         """Move exactly `count` bytes out of the pipe `fd`: into the ring, or, once broken, to /dev/null."""

@@ -95,9 +95,11 @@ class Keeper:
     def last(self, start: int) -> bytes:
         """The stream's bytes [start, written), read back from the ring (start within its last cap bytes)."""
         parts, at = [], start
+        if self.fd is None:
+            return b""  # finished already (a call that failed)
         try:
             while at < self.written:
-                chunk = os.pread(self.fd, min(self.written - at, self.cap - at % self.cap), at % self.cap)  # type: ignore[arg-type]
+                chunk = os.pread(self.fd, min(self.written - at, self.cap - at % self.cap), at % self.cap)
                 if not chunk:
                     break
                 parts.append(chunk)
@@ -144,6 +146,7 @@ class Keeper:
         """Close the ring; when `wanted` and whole, the file holds the stream's
         last bytes in order: (kept_from, size). Otherwise it is removed: None."""
         fd, self.fd = self.fd, None
+        self.pumped = False
         if self._null is not None:
             os.close(self._null)
             self._null = None

@@ -5,7 +5,10 @@ The file is a ring of `cap` bytes: byte n of the stream is written at n mod
 cap, so a flood overwrites the same pages of the page cache and never makes
 a gigabyte of dirty pages for the disk to write (appending to a file and
 cutting it runs about five times slower here than a pipe into /dev/null;
-the ring runs as fast). At the end a wrapped ring is copied once, in the
+the ring costs the copy into the page cache alone, about 0.05 s of CPU a
+gigabyte). Once the capture's head is full the pipe is spliced straight
+into the ring (pump), and the capture's tail is read back from it at the
+end (last). At the end a wrapped ring is copied once, in the
 kernel, into a plain file of its last `cap` bytes: the reader sees what a
 background command's output file holds, [kept_from, total).
 

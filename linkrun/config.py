@@ -315,12 +315,16 @@ def _parse_keep(flags: Flags) -> KeepSettings | None:
     for flag in _KEEP_FLAGS:
         if flag not in flags:
             raise UsageError(f"{given[0]} needs {flag}", "give --keep-output, --keep-for and --keep-total together")
-    return KeepSettings(
+    keep = KeepSettings(
         state=os.path.abspath(str(flags["--state"])),
         output=parse_size("--keep-output", str(flags["--keep-output"])),
         keep_for=parse_duration("--keep-for", str(flags["--keep-for"])),
         total=parse_size("--keep-total", str(flags["--keep-total"])),
     )
+    if keep.total < 2 * keep.output:  # else a call's second stream could push out its first at once
+        raise UsageError(f"--keep-total {flags['--keep-total']} cannot hold one call's two streams of "
+                         f"--keep-output {flags['--keep-output']}", "give at least twice --keep-output")
+    return keep
 
 
 def parse_limits(flag: str, text: str) -> Limits:

@@ -256,3 +256,12 @@ def test_a_disk_that_refuses_the_kept_output_never_fails_the_call(servers, files
     assert server.close() == 0
     server.kill()
     assert b"a call's output is not kept past its answer: [Errno 27] File too large" in server.stderr
+
+
+def test_a_total_that_cannot_hold_one_calls_two_streams_is_refused_at_start(files, state):
+    import subprocess
+
+    done = subprocess.run(keep_argv(files, state, output="16M", total="16M"), capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=30)
+    assert done.returncode == 2
+    assert "--keep-total 16M cannot hold one call's two streams of --keep-output 16M" in done.stderr

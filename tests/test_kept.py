@@ -265,3 +265,14 @@ def test_a_total_that_cannot_hold_one_calls_two_streams_is_refused_at_start(file
                           stdin=subprocess.DEVNULL, timeout=30)
     assert done.returncode == 2
     assert "--keep-total 16M cannot hold one call's two streams of --keep-output 16M" in done.stderr
+
+
+def test_kept_output_outlives_its_serve_and_is_read_by_the_next(servers, files, state):
+    first = servers(keep_argv(files, state))
+    first.initialize()
+    kept_id = first.call("command", {"program": "python3", "args": NUMBERS}, meta=META)["structuredContent"]["output_id"]
+    assert first.close() == 0
+    second = servers(keep_argv(files, state))
+    second.initialize()
+    assert read_whole(second, kept_id) == numbers(300000)
+    assert second.call("read", {"id": kept_id}, meta=OTHER).get("isError") is True

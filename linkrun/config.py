@@ -142,6 +142,19 @@ class BackgroundSettings:
 
 
 @dataclass(frozen=True)
+class KeepSettings:
+    """A call's output kept past its answer (--keep-output, --keep-for,
+    --keep-total, given together with --state): each cut stream of a call,
+    its last `output` bytes, for `keep_for` seconds, within `total` bytes for
+    the agent (oldest removed first). kept.py keeps and reads them."""
+
+    state: str
+    output: int  # bytes kept of one stream of one call: its last ones
+    keep_for: int  # seconds
+    total: int  # bytes of kept output in all, for the agent
+
+
+@dataclass(frozen=True)
 class Serve:
     files: str
     programs_path: str
@@ -156,6 +169,7 @@ class Serve:
     sandbox: tuple[str, ...]
     seccomp: str | None = None  # the syscall filter file, given to each call's bwrap
     limits: Limits | None = None  # each call's cgroup limits (--limits), where a cgroup can be had
+    keep: KeepSettings | None = None  # a call's cut output kept for `read` (--keep-*)
 
     @property
     def offers_background(self) -> bool:
@@ -166,9 +180,11 @@ _SERVE_VALUED = {
     "--files", "--programs-path", "--timeout", "--output", "--program", "--var", "--write",
     "--state", "--way-in", "--as", "--keyring", "--background", "--background-timeout",
     "--background-output", "--background-keep", "--background-per-day", "--hops", "--seccomp", "--limits",
+    "--keep-output", "--keep-for", "--keep-total",
 }
 _SERVE_SWITCHES = {"--proxy", "--no-way-in"}
 _REPEATABLE = {"--program", "--var", "--write"}
+_KEEP_FLAGS = ("--keep-output", "--keep-for", "--keep-total")
 _BACKGROUND_REQUIRED = (
     "--background", "--background-timeout", "--background-output", "--background-keep",
     "--background-per-day", "--hops",
@@ -178,7 +194,7 @@ SERVE_USAGE = (
     "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
     "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... [--seccomp <file>] "
     "[--limits memory=<bytes>,tasks=<n>,cpu=<n>%] "
-    "[--state <dir> [--proxy] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
+    "[--state <dir> [--proxy] [--keep-output <bytes> --keep-for <duration> --keep-total <bytes>] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
     "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
     "--background-keep <duration> --background-per-day <n> --hops <n>]] -- <sandbox>..."
 )
@@ -285,7 +301,30 @@ def parse_serve(argv: list[str]) -> Serve:
         sandbox=tuple(sandbox),
         seccomp=seccomp,
         limits=parse_limits("--limits", str(flags["--limits"])) if "--limits" in flags else None,
+        keep=_parse_keep(flags),
     )
+
+
+def _parse_keep(flags: Flags) -> KeepSettings | None:
+    """The three --keep flags, all or none, with --state; none: no output is kept past the answer."""
+    given = [flag for flag in _KEEP_FLAGS if flag in flags]
+    if not given:
+        return None
+    if "--state" not in flags:
+        raise UsageError(f"{given[0]} needs --state", "the kept output lives in the agent's state folder")
+    for flag in _KEEP_FLAGS:
+        if flag not in flags:
+            raise UsageError(f"{given[0]} needs {flag}", "give --keep-output, --keep-for and --keep-total together")
+    keep = KeepSettings(
+        state=os.path.abspath(str(flags["--state"])),
+        output=parse_size("--keep-output", str(flags["--keep-output"])),
+        keep_for=parse_duration("--keep-for", str(flags["--keep-for"])),
+        total=parse_size("--keep-total", str(flags["--keep-total"])),
+    )
+    if keep.total < 2 * keep.output:  # else a call's second stream could push out its first at once
+        raise UsageError(f"--keep-total {flags['--keep-total']} cannot hold one call's two streams of "
+                         f"--keep-output {flags['--keep-output']}", "give at least twice --keep-output")
+    return keep
 
 
 def parse_limits(flag: str, text: str) -> Limits:
@@ -313,8 +352,8 @@ def _parse_background(flags: Flags) -> BackgroundSettings | None:
         if background_flags:
             raise UsageError(f"{background_flags[0]} needs --state", "give --state <dir> or drop it")
         return None
-    if not background_flags and "--proxy" in flags:
-        return None  # a state folder for the proxy alone: no background commands
+    if not background_flags and ("--proxy" in flags or any(flag in flags for flag in _KEEP_FLAGS)):
+        return None  # a state folder for the proxy or the kept output alone: no background commands
     for required in _BACKGROUND_REQUIRED:
         if required not in flags:
             raise UsageError(f"{required} is required with --state")

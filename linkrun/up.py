@@ -75,6 +75,9 @@ RUN_KEYS = {
     "background_output": ("--background-output", "size"),
     "background_keep": ("--background-keep", "duration"),
     "background_per_day": ("--background-per-day", "count"),
+    "keep_output": ("--keep-output", "size"),
+    "keep_for": ("--keep-for", "duration"),
+    "keep_total": ("--keep-total", "size"),
 }
 
 HELP = _help()  # the embedded defaults are read here once; up reads them anyway
@@ -235,11 +238,14 @@ def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.Sandbo
 
 def _background_flags(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, run: dict[str, str],
                       way_in: WayInFlags, no_way_in: bool) -> list[str]:
-    """serve's state folder (for background commands, the proxy or both), its proxy, and its background settings."""
+    """serve's state folder (for the kept output, background commands and the proxy), its proxy, the kept
+    output's caps, and the background settings."""
     told = way_in.address is not None or no_way_in
-    flags = ["--state", folder.state] if told or settings.hosts else []
+    flags = ["--state", folder.state]  # always: a call's cut output is kept there
     if settings.hosts:
         flags += ["--proxy"]
+    for flag in ("--keep-output", "--keep-for", "--keep-total"):
+        flags += [flag, run[flag]]
     if not told:
         return flags
     if way_in.address is not None:

@@ -52,8 +52,14 @@ def test_up_hands_serve_every_flag_with_the_products_defaults(box):
 
 def test_up_without_a_way_in_offers_no_background_commands(box):
     serve = serve_part(up.plan(["--agent", str(box.root)], box.env))
-    for flag in ("--state", "--background", "--way-in", "--no-way-in", "--hops"):
+    for flag in ("--background", "--way-in", "--no-way-in", "--hops"):
         assert flag not in serve
+    # The state folder all the same: a call's cut output is kept there.
+    at = serve.index("--state")
+    assert serve[at + 1] == str(box.root / "State")
+    assert serve[serve.index("--keep-output") + 1] == "16M"
+    assert serve[serve.index("--keep-for") + 1] == "1d"
+    assert serve[serve.index("--keep-total") + 1] == "256M"
 
 
 def test_up_with_a_way_in_passes_it_the_agent_and_the_keyring(box):
@@ -172,7 +178,7 @@ def test_up_with_no_arguments_gives_a_working_sandboxed_server(box, servers):
     server = servers(SERVER + ["up"], env=box.env)
     server.initialize()
     names = [tool["name"] for tool in server.request("tools/list")["result"]["tools"]]
-    assert names == ["command"]
+    assert names == ["command", "read"]  # read: of a call's kept output
     default_files = Path(box.env["XDG_DATA_HOME"]) / "linkrun" / "agents" / "main" / "Files"
     result = server.call("command", {"program": "sh", "args": [
         "-c", "pwd; echo $HOME; ls /proc | grep -cE '^[0-9]+$'; (: > x) 2>/dev/null || echo read-only"]})

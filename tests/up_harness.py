@@ -38,7 +38,7 @@ from linkrun.sandboxing.launch import JOIN
 
 TESTER = "lnk-tester"
 TESTER_LOCK = "/tmp/lnk-tester-user.lock"
-RUNTIME_LIBRARIES = ("linkrun", "orjson", "watchdog")
+RUNTIME_LIBRARIES = ("linkrun", "orjson", "watchdog", "re2")
 SECRET_VARIABLE = "LNK_TEST_SECRET"
 KEY_DESCRIPTION = "lnk-test-secret"
 # Allows what the tests' programs need; [files] write is left at its default (work/).

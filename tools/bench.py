@@ -1090,6 +1090,94 @@ def repositories(files: str) -> None:
                     f"its own sandbox: {medians[('now', count, 'own')] / medians[('before', base, 'own')]:.2f}×")
 
 
+def kept(files: str):
+    """A call printing 1 GiB with its output kept past the answer (the ring in <state>/kept/) against
+    the same call without (no --keep-* flags: today's path), in turns on fresh servers, so that each
+    server's VmHWM is that call's peak; and read with a pattern over a kept stream."""
+    print("kept: a call's whole output kept past its answer (pass-through sandbox)")
+    state = os.path.join(os.path.dirname(files), "kept-state")
+    keep = ["--state", state, "--keep-output", "16M", "--keep-for", "1d", "--keep-total", "256M"]
+    for name, script in (("one long line", "head -c 1073741824 /dev/zero"), ("2-byte lines", "yes | head -c 1073741824")):
+        kept_flood(files, keep, name, script)
+    kept_search(files, keep, state)
+
+
+def kept_flood(files: str, keep: list[str], name: str, script: str) -> None:
+    """One 1 GiB flood, 9 turns of each server."""
+    # LNK_BENCH_BASE: a checkout of the commit before kept output, whose serve runs in the same turns.
+    base = os.environ.get("LNK_BENCH_BASE")
+    labels = ("without", "kept") + (("base",) if base else ())
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    peaks: dict[str, list[float]] = {label: [] for label in labels}
+    cpus: dict[str, list[float]] = {label: [] for label in labels}
+    for _ in range(9):
+        for label in labels:
+            argv = serve_argv(files)
+            if label == "kept":
+                argv = argv[:-2] + keep + argv[-2:]
+            if label == "base":  # isolated as ours, with the base checkout first on the path
+                argv = [sys.executable, "-I", "-c", f"import sys, runpy; sys.path.insert(0, {base!r}); "
+                        "runpy.run_module('linkrun', run_name='__main__', alter_sys=True)"] + argv[4:]
+            server = Server(argv)
+            server.send(INIT)
+            server.wait(0)
+            cpu = cpu_seconds(server.process.pid)
+            t = time.perf_counter()
+            server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "command", "arguments": {"program": "sh", "args": ["-c", script]},
+                "_meta": {"link.local/thread": "bench"}}})
+            _, answer = server.wait(1)
+            times[label].append(time.perf_counter() - t)
+            cpus[label].append(cpu_seconds(server.process.pid) - cpu)
+            peaks[label].append(status_kb(server.process.pid, "VmHWM") / 1024)
+            structured = answer["result"]["structuredContent"]
+            assert (label == "kept") == ("output_id" in structured), structured.keys()
+            if label == "base":  # the commit before: its own package, not this checkout's
+                assert "output_id" not in structured and structured["output_bytes"] == 1 << 30
+            server.close()
+    without, with_kept = statistics.median(times["without"]), statistics.median(times["kept"])
+    row(f"1 GiB on stdout, {name}, kept (median of 9)", f"{with_kept:.3f} s", "target ≤ 1.10×",
+        f"not kept, same run: {without:.3f} s ({with_kept / without:.2f}×)")
+    row("  serve's CPU for it, kept (median)", f"{statistics.median(cpus['kept']):.3f} s", "",
+        f"not kept: {statistics.median(cpus['without']):.3f} s")
+    row("  server peak RSS, kept (median)", f"{statistics.median(peaks['kept']):.1f} MB", "target: no growth",
+        f"not kept: {statistics.median(peaks['without']):.1f} MB")
+    if base:
+        then = statistics.median(times["base"])
+        row("  the commit before, same run (median)", f"{then:.3f} s", "",
+            f"peak {statistics.median(peaks['base']):.1f} MB; kept: {with_kept / then:.2f}× its time")
+    figure(f"1 GiB printed by a call ({name}), its output kept", f"{with_kept:.3f} s, peak {statistics.median(peaks['kept']):.1f} MB",
+           f"not kept: {without:.3f} s, peak {statistics.median(peaks['without']):.1f} MB")
+
+
+def kept_search(files: str, keep: list[str], state: str) -> None:
+    # read with a pattern over a whole kept stream of 16 MiB of numbered lines, against grep -c over the same file.
+    server = Server(serve_argv(files)[:-2] + keep + serve_argv(files)[-2:])
+    server.send(INIT)
+    server.wait(0)
+    meta = {"link.local/thread": "bench"}
+    lines = "import sys\nfor i in range(2396745): sys.stdout.write(f'{i:06d}\\n')"
+    server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "command", "arguments": {"program": "python3", "args": ["-c", lines]}, "_meta": meta}})
+    kept_id = server.wait(1)[1]["result"]["structuredContent"]["output_id"]
+    searches = []
+    for index, pattern in enumerate(("7$", "(a+)+b|^12345", "^(0|1)+9$"), start=2):
+        t = time.perf_counter()
+        server.send({"jsonrpc": "2.0", "id": index, "method": "tools/call", "params": {
+            "name": "read", "arguments": {"id": kept_id, "pattern": pattern}, "_meta": meta}})
+        found = server.wait(index)[1]["result"]["structuredContent"]
+        searches.append((pattern, time.perf_counter() - t, len(found["lines"]) + found["more"]))
+    path = os.path.join(state, "kept", f"{kept_id}.out")
+    t = time.perf_counter()
+    subprocess.run(["grep", "-cE", "7$", path], stdout=subprocess.DEVNULL, check=True)
+    grep = time.perf_counter() - t
+    server.close()
+    for pattern, seconds, count in searches:
+        row(f"  read pattern {pattern!r} over 16 MiB", f"{seconds * 1000:.0f} ms", "",
+            f"{count} lines; grep -cE '7$' on the file: {grep * 1000:.0f} ms")
+
+
+
 def startup(files: str):
     from bench_start import startup as measure  # tools/, beside this script
 
@@ -1098,7 +1186,7 @@ def startup(files: str):
 
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
           "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup,
-          "repositories": repositories}
+          "repositories": repositories, "kept": kept}
 
 
 README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows

@@ -17,6 +17,7 @@ from ..processes.runner import Outcome
 from ..units import cores, describe_size, format_duration, killed_by_note
 
 if TYPE_CHECKING:
+    from .kept import KeptStreams
     from ..sandboxing.cgroups import Place
     from ..sandboxing.fallback import Holding
 
@@ -36,17 +37,19 @@ LIMITS_SCHEMA = {
 
 
 def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: bool,
-                 held: Holding | None = None) -> tuple[str, list[str]]:
+                 held: Holding | None = None, kept: KeptStreams | None = None) -> tuple[str, list[str]]:
     """How the call ended, the limit that bit, what it printed, and a refused
     write explained; and serve's notes among those lines (the limit, the
-    write), for the structured value too."""
+    write), for the structured value too. `kept`: the id of each stream kept
+    past the answer."""
+    ids, cap = (kept.ids, kept.cap) if kept is not None else ({}, 0)
     lines = [_ending(outcome, timeout, can_start)]
     notes = []
     if outcome.limit is not None:
         notes.append(limit_text(outcome.limit, held))
         lines.append(notes[-1])
-    lines += _stream_text("output", outcome.output)
-    lines += _stream_text("errors", outcome.errors)
+    lines += _stream_text("output", outcome.output, ids.get("output"), cap)
+    lines += _stream_text("errors", outcome.errors, ids.get("errors"), cap)
     if settings.write and _refused_write(outcome):
         writable = " and ".join(f"{w}/" for w in settings.write)
         notes.append(f"[the sandbox refused a write: only {writable} of the files folder "
@@ -63,8 +66,11 @@ def git_note(notes: list[str]) -> str:
             + "; ".join(notes) + "]")
 
 
-def command_structured(outcome: Outcome, held: Holding | None = None) -> dict[str, object]:
-    """The answer's structured value, as the command tool's outputSchema says (`limits` only with limits)."""
+def command_structured(outcome: Outcome, held: Holding | None = None,
+                       kept: KeptStreams | None = None) -> dict[str, object]:
+    """The answer's structured value, as the command tool's outputSchema says (`limits` only with limits,
+    `output_id` and `errors_id` only for a stream kept past the answer)."""
+    ids, cap = (kept.ids, kept.cap) if kept is not None else ({}, 0)
     value: dict[str, object] = {
         "exit": outcome.exit,
         "signal": signal_name(outcome.signal) if outcome.signal is not None else None,
@@ -72,10 +78,12 @@ def command_structured(outcome: Outcome, held: Holding | None = None) -> dict[st
         "output_bytes": outcome.output.total,
         "errors_bytes": outcome.errors.total,
         "seconds": outcome.seconds,
-        "output": _shown(outcome.output),
-        "errors": _shown(outcome.errors),
+        "output": _shown(outcome.output, ids.get("output"), cap),
+        "errors": _shown(outcome.errors, ids.get("errors"), cap),
         "limit": outcome.limit,
     }
+    for stream, kept_id in ids.items():
+        value[f"{stream}_id"] = kept_id
     if held is not None:  # with limits: each one, and how it holds here
         value["limits"] = held.structured()
     return value
@@ -98,18 +106,23 @@ def _ending(outcome: Outcome, timeout: float, can_start: bool) -> str:
     return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit)
 
 
-def _stream_text(label: str, capture: Capture) -> list[str]:
+def _stream_text(label: str, capture: Capture, kept_id: str | None, cap: int) -> list[str]:
     if capture.total == 0:
         return [f"{label}: none"]
-    return [f"{label} ({capture.total} bytes):", _shown(capture)]
+    return [f"{label} ({capture.total} bytes):", _shown(capture, kept_id, cap)]
 
 
-def _shown(capture: Capture) -> str:
-    """A stream's kept start and end as the text shows them, and the structured value too."""
+def _shown(capture: Capture, kept_id: str | None = None, cap: int = 0) -> str:
+    """A stream's kept start and end as the text shows them, and the structured value too;
+    where it was cut, the id of the stream kept past the answer."""
     head, tail = capture.texts()
     parts = [head]
     if capture.left_out:
-        parts += [f"[… {capture.left_out} bytes left out …]", tail]
+        if kept_id is None:
+            parts += [f"[… {capture.left_out} bytes left out …]", tail]
+        else:
+            which = "the whole stream" if capture.total <= cap else f"the stream's last {describe_size(cap)}"
+            parts += [f"[… {capture.left_out} bytes left out: read id={kept_id} has {which} …]", tail]
     # One final newline is the stream's own ending, not a line of its own.
     parts[-1] = parts[-1].removesuffix("\n")
     return "\n".join(parts)

@@ -42,6 +42,7 @@ EOF_GRACE = 1.5
 # At the end, queued answers go out while the client reads; once nothing moved this long, serve leaves.
 FLUSH_IDLE = 1.0
 KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
+RESOURCE_METHODS = {"resources/list", "resources/templates/list", "resources/read"}  # with kept output alone
 
 
 class Session:
@@ -184,7 +185,7 @@ class Session:
     def _request(self, request_id: RequestId, method: str, params: dict, inline: bool) -> dict | None:
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else {}
-        if method not in KNOWN_METHODS:
+        if not self._known(method):
             return error(request_id, METHOD_NOT_FOUND, f"unknown method {method!r}; this server offers tools only")
         if method == "initialize":
             return result(request_id, self._initialize(params))
@@ -210,7 +211,7 @@ class Session:
         elif method == "server/discover":
             value = {
                 "supportedVersions": list(MODERN_VERSIONS + LEGACY_VERSIONS[::-1]),
-                "capabilities": {"tools": {}},
+                "capabilities": self._capabilities({"tools": {}}),
                 "instructions": self.instructions,
                 "ttlMs": 0,
                 "cacheScope": "private",
@@ -224,6 +225,8 @@ class Session:
         elif method == "subscriptions/listen":
             self._listen(request_id)
             return None
+        elif method in RESOURCE_METHODS:
+            return self._resources(request_id, method, params, meta, modern)
         else:  # tools/call
             return self._call(request_id, params, version, modern, inline)
         return result(request_id, self._complete(value, modern))
@@ -245,10 +248,28 @@ class Session:
             info["description"] = "Runs an agent's programs, each call in a sandbox of its own."
         return {
             "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": self._capabilities({"tools": {"listChanged": False}}),
             "serverInfo": info,
             "instructions": self.instructions,
         }
+
+    def _known(self, method: str) -> bool:
+        return method in KNOWN_METHODS or (method in RESOURCE_METHODS and self.tools.kept is not None)
+
+    def _resources(self, request_id: RequestId, method: str, params: dict, meta: dict, modern: bool) -> dict:
+        from .reading import resources
+
+        assert self.tools.kept is not None  # known only then
+        value, problem = resources(method, params, meta, self.tools.kept)
+        if problem is not None:
+            return error(request_id, *problem)
+        return result(request_id, self._complete(value, modern))
+
+    def _capabilities(self, capabilities: dict) -> dict:
+        """With kept output, resources too: a call's answer links each kept stream, and resources/read serves it."""
+        if self.tools.kept is not None:
+            capabilities["resources"] = {}
+        return capabilities
 
     def _listen(self, request_id: RequestId) -> None:
         # The tool list never changes: acknowledge with no notifications and
@@ -361,6 +382,8 @@ def _tool_result(outcome: ToolResult, version: str) -> dict:
         value["isError"] = True
     elif outcome.structured is not None and version >= "2025-06-18":
         value["structuredContent"] = outcome.structured
+    if outcome.links and not outcome.is_error and version >= "2025-06-18":  # resource_link: 2025-06-18 on
+        value["content"] += outcome.links
     return value
 
 

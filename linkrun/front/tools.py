@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..processes import runner
+from .kept import KEPT_SCHEMA, Kept, kept_links, kept_sentence, offer_kept
 from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
 from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, limit_warnings, limits_sentence
 from ..config import Serve
@@ -40,6 +41,7 @@ class ToolResult:
     header: bool = False  # the text is a header line, then exactly a program's bytes
     # Each also in the text; for the clients that give the model the structured value alone.
     notes: list[str] = field(default_factory=list)
+    links: list[dict[str, object]] = field(default_factory=list)  # resource_link blocks, for clients that take them
 
     def add_note(self, note: str) -> None:
         """A note of the server's: a last line of its own, or, after a header,
@@ -113,6 +115,7 @@ _COMMAND_OUTPUT = {
                           'where an rlimit holds it, its errors show an allocation refused), "tasks" when a fork '
                           'was refused at its task limit, "cpu" when it used up its CPU time (an rlimit), else null.'),
         "limits": LIMITS_SCHEMA,
+        **KEPT_SCHEMA,
     },
     "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors",
                  "limit"],
@@ -158,6 +161,7 @@ class Tools:
             if not settings.programs:
                 del table["start"]
             self.table.update(table)
+        self.kept: Kept | None = offer_kept(settings, self.table) if settings.keep is not None else None
         for tool in self.table.values():
             schema = tool["outputSchema"]
             tool["outputSchema"] = {**schema, "properties": {**schema["properties"], **_EVERY_TOOLS_OUTPUT}}
@@ -266,7 +270,7 @@ class Tools:
             "and nothing it starts outlives the call: each call starts afresh. Its ports are its own "
             "sandbox's: start a server and its tests in one command (sh -c 'server & tests').",
             f"A call runs for at most {format_duration(s.timeout)}; of its output and of its errors, "
-            f"{describe_size(s.output)} each are kept, their start and their end.",
+            f"{describe_size(s.output)} each are kept, their start and their end" + kept_sentence(s.keep),
         ]
         if s.write:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
@@ -329,6 +333,8 @@ class Tools:
     def _background(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult:
         from . import background_tools as answers
 
+        if name == "read":  # of a background command, or of a call's kept output (reading.py)
+            return answers.read(arguments, context, self.settings, self.background, self.kept)
         background = self.background
         assert background is not None  # its tools are in the table only then
         if name == "start":
@@ -340,15 +346,6 @@ class Tools:
             return answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
         if name == "list":
             return answers.list_answer(background.list(context.meta))
-        if name == "read":
-            progress = context.progress
-            report: Callable[[float, float], None] | None = None
-            if progress is not None:
-                def report(waited: float, wait: float) -> None:
-                    progress(waited, wait, "waiting for output")
-            chunk = background.read(arguments, context.meta, report)
-            asked = arguments.get("offset")  # checked by the read: a whole number or absent
-            return answers.read_answer(chunk, asked if isinstance(asked, int) else None, self.settings)
         return answers.stop_answer(background.stop(arguments, context.meta))
 
     def _files_descriptor(self) -> int:
@@ -423,6 +420,7 @@ class Tools:
             def report(seconds: float, total: int) -> None:  # seconds: they rise, the bytes need not
                 progress(seconds, None, f"{total} bytes of output so far")
         counted = False  # by the spares, as a call in flight
+        keeping = self.kept.begin(context.meta) if self.kept is not None else None
         try:
             with self.launch(request, grouped=False) as launch:
                 check_exec_size(launch)
@@ -434,7 +432,7 @@ class Tools:
                     join_group(launch, self.sandbox)
                 try:
                     outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report,
-                                         spare)
+                                         spare, keeping.keepers if keeping is not None else None)
                 finally:
                     if spare is not None:
                         spare.launch.close()
@@ -443,11 +441,13 @@ class Tools:
             os.close(folder_fd)
             if self.spares is not None:
                 self.spares.done(counted)
+        kept = self.kept.settle_call(keeping, outcome, arguments) if self.kept and keeping else None
         if outcome.cancelled:
             return None
         text, notes = command_text(outcome, request.timeout, self.settings, "start" in self.table,
-                                   self.sandbox.holding)
-        result = ToolResult(text, command_structured(outcome, self.sandbox.holding), notes=notes)
+                                   self.sandbox.holding, kept)
+        result = ToolResult(text, command_structured(outcome, self.sandbox.holding, kept), notes=notes,
+                            links=kept_links(kept))
         if launch.git_notes:
             result.add_note(git_note(launch.git_notes))
         if no_internet:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..kernel import last_errno, libc
 from .group import CHUNK, grow_pipe
+
+if TYPE_CHECKING:
+    from .keeper import Keeper
 
 
 class Capture:
@@ -36,8 +40,21 @@ class Capture:
         return len(self.head) >= self._head_room
 
     @property
+    def limit(self) -> int:
+        """What it holds whole: past it, bytes are left out."""
+        return self._head_room + self._tail_size
+
+    @property
     def tail_size(self) -> int:
         return self._tail_size
+
+    def count(self, count: int) -> None:
+        """`count` bytes went by with the head full, kept elsewhere (a keeper's ring): the tail is set later."""
+        self.total += count
+
+    def set_tail(self, data: bytes) -> None:
+        """The tail, from where the stream's last bytes are kept (the bytes after the head, at most tail-size)."""
+        self.tail[:] = data
 
     def skip(self, count: int, last: bytes) -> None:
         """`count` bytes went by with the head full; `last` are their final bytes."""
@@ -69,29 +86,53 @@ class CaptureReader:
     """Reads a pipe into its Capture; once the head is full, skims it.
 
     Called with the pipe when it is readable; returns the bytes it moved, 0
-    at the end. `buffer` may be shared by the readers of one loop.
+    at the end. `buffer` may be shared by the readers of one loop. With a
+    keeper, the whole stream also goes to it (keeper.py), from the first
+    byte the capture would leave out.
     """
 
-    def __init__(self, capture: Capture, buffer: memoryview) -> None:
+    def __init__(self, capture: Capture, buffer: memoryview, keeper: Keeper | None = None) -> None:
         self.capture = capture
         self.buffer = buffer
+        self.keeper = keeper
         self.skimmer: Skimmer | None = None  # made once, at the first read with the head full
         self.plain = False  # no tee here: copy as usual
 
     def __call__(self, fd: int) -> int:
+        keeper = self.keeper
+        if keeper is not None and self.capture.head_full:
+            keeper.open(self.capture)  # the tail will roll: the file starts now
+            if keeper.active and keeper.cap >= self.capture.limit:
+                # Straight into the ring, no tee: the tail is read back from it at the end (close).
+                moved = keeper.pump(fd)
+                if moved is not None:
+                    self.capture.count(moved)
+                    return moved
+                self._tail_from_keeper()  # it broke: on as without it, from the tail it holds
         if self.capture.head_full and not self.plain:
             try:
                 if self.skimmer is None:
                     self.skimmer = Skimmer()
-                return self.skimmer.skim(fd, self.capture)
+                return self.skimmer.skim(fd, self.capture, keeper)
             except OSError:
                 self.plain = True  # tee, or the skimmer's pipes, failed before anything was read
         count = os.readv(fd, [self.buffer])
         if count:
+            if self.keeper is not None:
+                self.keeper.take(self.capture, self.buffer[:count])
             self.capture.feed(self.buffer[:count])
         return count
 
+    def _tail_from_keeper(self) -> None:
+        """The capture's tail read back from the keeper's ring, where the pump put the stream's last bytes."""
+        keeper = self.keeper
+        if keeper is not None and keeper.pumped:
+            capture = self.capture
+            capture.set_tail(keeper.last(max(len(capture.head), capture.total - capture.tail_size)))
+            keeper.pumped = False
+
     def close(self) -> None:
+        self._tail_from_keeper()
         if self.skimmer is not None:
             self.skimmer.close()
             self.skimmer = None
@@ -126,14 +167,18 @@ class Skimmer:
             os.close(self.side_w)
             raise
 
-    def skim(self, fd: int, capture: Capture) -> int:
+    def skim(self, fd: int, capture: Capture, keeper: Keeper | None = None) -> int:
+        """One chunk; the stream's own copy goes to the keeper (to its file) when it is active."""
         assert Skimmer._tee is not None  # loaded by __init__
         count = Skimmer._tee(fd, self.side_w, CHUNK, 0)
         if count < 0:
             raise OSError(last_errno(), "tee")
         if count == 0:
             return 0
-        os.splice(fd, self.null, count)
+        if keeper is not None and keeper.active:
+            keeper.splice(fd, count)
+        else:
+            os.splice(fd, self.null, count)
         keep = min(count, capture.tail_size)
         if count > keep:
             os.splice(self.side_r, self.null, count - keep)

@@ -25,6 +25,7 @@ from typing import IO
 from ..sandboxing import beneath
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
+from .keeper import Keeper
 from ..errors import Refused
 from .group import CHUNK, Leader, Watch, grow_pipe
 from .spare import NotNow, Spare
@@ -162,9 +163,12 @@ def open_folder(files_fd: int, folder: str) -> int:
 
 
 def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
-        progress: Callable[[float, int], None] | None = None, spare: Spare | None = None) -> Outcome:
+        progress: Callable[[float, int], None] | None = None, spare: Spare | None = None,
+        keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
     """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it;
     or, given a spare handed the call's script (spare.py), the program in the spare.
+    With `keepers` (output's, errors'), each stream is also kept whole
+    (keeper.py); the caller finishes them once this returns.
 
     `progress(seconds_so_far, bytes_so_far)` is called at most every
     PROGRESS_EVERY seconds while output grows, and every PROGRESS_PACE
@@ -176,7 +180,7 @@ def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_li
     else:
         leader, group = _spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
     try:
-        outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress, launch)
+        outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress, launch, keepers)
         outcome.limit = group.limit_hit() if group is not None else None
         if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
             from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
@@ -249,13 +253,15 @@ def end_spare(spare: Spare) -> None:
 
 
 def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
-           output_limit: int, progress: Callable[[float, int], None] | None, launch: Launch) -> Outcome:
+           output_limit: int, progress: Callable[[float, int], None] | None, launch: Launch,
+           keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
     cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
     sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
     watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
     output, errors = Capture(output_limit), Capture(output_limit)
     buffer = memoryview(bytearray(CHUNK))
-    readers = (CaptureReader(output, buffer), CaptureReader(errors, buffer))
+    kept = keepers or (None, None)
+    readers = (CaptureReader(output, buffer, kept[0]), CaptureReader(errors, buffer, kept[1]))
     try:
         assert process.stdout is not None and process.stderr is not None  # run made both pipes
         watch.drain(process.stdout.fileno(), readers[0])
@@ -266,6 +272,8 @@ def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], s
     except BaseException:
         leader.kill()  # done already if the watch itself failed
         process.wait()
+        for keeper in keepers or ():
+            keeper.finish(False)  # a call that failed keeps nothing
         raise
     finally:
         leader.close()

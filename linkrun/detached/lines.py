@@ -1,0 +1,253 @@
+"""Lines of an output: a pattern checked and compiled for linear-time
+matching, and a scan of an output file for the lines a range and a pattern
+select, with their numbers and byte offsets.
+
+Patterns are RE2's (google-re2): matching takes time linear in the text
+whatever the pattern, so no pattern can hang the server or a supervisor
+(Python's `re` backtracks: `(a+)+b` on a line of a's runs for ever). A
+pattern RE2 cannot take (a backreference, a lookaround, a repetition past
+1000, more memory than MAX_PATTERN_MEMORY) is refused, saying why. A match
+never crosses a newline (`never_nl`): each match is within one line.
+
+The scan reads the file in blocks of BLOCK bytes and never holds more: a
+line longer than a block is matched and numbered as pieces of a block. It
+stops at a deadline, saying where, so a slow disk or a huge file cannot
+hold a call either. It is fed from one Look (outfile.py), so the bytes are
+read at their own offsets while a running command's output rotates.
+
+The scan is written to be fed chunks in order (Scanner.feed), so that a
+watch on a running command's new bytes can use the same matching.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Refused
+
+BLOCK = 1 << 20
+MAX_PATTERN = 1000  # characters
+MAX_PATTERN_MEMORY = 8 << 20  # RE2's budget for one compiled pattern
+SCAN_SECONDS = 2.0  # a scan stops here, and says where
+SCREEN = 50  # lines shown at most
+LINE_SHOWN = 512  # bytes of each shown line at most
+_RANGE = re.compile(r"(\d+)(?:-(\d*))?|-(\d+)")  # matched whole: "120-180", "120-", "120", "-50"
+PATTERN_HINT = ("write it in RE2 syntax (as Python's re, without backreferences and lookarounds), "
+                "such as error|warning or ^FAIL")
+
+
+def compile_pattern(pattern: object) -> Any:
+    """The pattern, compiled for bytes; Refused, saying why, when RE2 cannot take it."""
+    if not isinstance(pattern, str) or not pattern:
+        raise Refused("pattern must be a non-empty text", PATTERN_HINT)
+    if len(pattern) > MAX_PATTERN:
+        raise Refused(f"pattern is {len(pattern)} characters long, past {MAX_PATTERN}", "give a shorter one")
+    import re2  # google-re2: loaded only by a read with a pattern
+
+    options = re2.Options()
+    options.never_nl = True  # a match is within a line
+    options.log_errors = False  # the refusal says it; serve's log need not
+    options.max_mem = MAX_PATTERN_MEMORY
+    try:
+        re2.compile(pattern.encode(), options)  # whole by itself, so that the wrapping below cannot change it
+        # ^ and $ at each line's start and end; a match is the whole line it is in, so that a line is found
+        # once, and the lines of a block are counted by findall in C.
+        return re2.compile(b"(?m)^.*(?:" + pattern.encode() + b").*$", options)
+    except re2.error as error:
+        why = error.args[0].decode(errors="replace") if error.args and isinstance(error.args[0], bytes) else str(error)
+        raise Refused(f"pattern {pattern!r} cannot be taken: {why}", PATTERN_HINT) from None
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """Lines `first` to `last` (1-based, inclusive; None: to the end), or the `tail` last ones."""
+
+    first: int = 1
+    last: int | None = None
+    tail: int | None = None
+
+
+def parse_range(text: object) -> LineRange:
+    """`120-180`, `120-` (to the end), `120` (one line), `-50` (the last 50)."""
+    match = _RANGE.fullmatch(text) if isinstance(text, str) else None
+    hint = 'write 120-180 (lines 120 to 180), 120- (from line 120), 120 (one line) or -50 (the last 50)'
+    if match is None:
+        raise Refused(f"lines {text!r} is not a range of lines", hint)
+    if match.group(3) is not None:
+        tail = int(match.group(3))
+        if tail == 0:
+            raise Refused("lines -0 asks for no line", hint)
+        return LineRange(tail=tail)
+    first = int(match.group(1))
+    last = first if match.group(2) is None else int(match.group(2)) if match.group(2) else None
+    if first == 0 or (last is not None and last < first):
+        raise Refused(f"lines {text!r} is not a range of lines: lines count from 1, the first before the last", hint)
+    return LineRange(first, last)
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # counted from the first line of the kept output (1)
+    offset: int  # its first byte, counted from the output's first byte
+    data: bytes  # at most LINE_SHOWN bytes of it, without its newline
+    length: int  # its whole length
+
+
+@dataclass
+class Found:
+    """What a scan found: at most SCREEN lines, and how many more matched."""
+
+    lines: list[Line] = field(default_factory=list)
+    more: int = 0  # lines that matched past the shown ones (up to `to`)
+    start: int = 0  # the byte the scan started at
+    to: int = 0  # the byte it stopped at: the end, or where the deadline cut it
+    ended: bool = True  # False: the deadline cut it at `to`
+    next: int = 0  # where to go on after the shown lines (with offset)
+
+
+class Scanner:
+    """Fed the bytes of an output in order, from the start of a line: each
+    line (or piece of a longer one) the range and the pattern select, with
+    its number and offset. `number` is the number of the line `feed` starts at."""
+
+    def __init__(self, pattern: Any, first: int, last: int | None, number: int, offset: int) -> None:
+        self.pattern, self.first, self.last = pattern, first, last
+        self.number, self.offset = number, offset  # of the next byte fed
+        self.carry = b""  # a line not ended yet
+        # Once set, the selected lines are counted into `counted`, not yielded (matched in C where a block
+        # lies wholly within the range).
+        self.counting = False
+        self.counted = 0
+
+    def feed(self, data: bytes, final: bool = False) -> Iterator[Line]:
+        """The selected lines ending in `data` (all of them when `final`: no more bytes come)."""
+        block = self.carry + data
+        end = block.rfind(b"\n") + 1
+        if final:
+            end = len(block)
+        elif end == 0 and len(block) >= BLOCK:
+            end = len(block)  # a line longer than a block: matched as a piece
+        self.carry = block[end:]
+        if self.counting:
+            self.counted += self._count(block, end)
+        else:
+            yield from self._lines(block, end)
+        self.offset += end
+        self.number += block.count(b"\n", 0, end) + (1 if end and block[end - 1] != 0x0A else 0)
+
+    def _count(self, block: bytes, end: int) -> int:
+        if end == 0:
+            return 0  # no line: an empty match here would be one that is not there
+        newlines = block.count(b"\n", 0, end)
+        within = self.number >= self.first and (self.last is None or self.number + newlines <= self.last)
+        if self.pattern is not None and within:
+            # Up to the last newline, not past it: past it an empty match would be a line that is not there.
+            return len(self.pattern.findall(block, 0, end - 1 if end and block[end - 1] == 0x0A else end))
+        return sum(1 for _ in self._lines(block, end))
+
+    def _lines(self, block: bytes, end: int) -> Iterator[Line]:
+        number, counted, at = self.number, 0, 0
+        if number + block.count(b"\n", 0, end) < self.first:
+            return  # the range starts past this block
+        while at < end:
+            if self.pattern is not None:
+                found = self.pattern.search(block, at, end)
+                if found is None or found.start() >= end:  # none, or an empty line past the last
+                    return
+                start = max(at, block.rfind(b"\n", at, found.start()) + 1)
+            else:
+                start = at
+            number += block.count(b"\n", counted, start)
+            counted = start
+            if self.last is not None and number > self.last:
+                return
+            stop = block.find(b"\n", start, end)
+            stop = end if stop < 0 else stop
+            if number >= self.first:
+                yield Line(number, self.offset + start, block[start:min(stop, start + LINE_SHOWN)], stop - start)
+            at = stop + 1
+
+
+def scan(fd: int, kept_from: int, size: int, pattern: Any, lines: LineRange, offset: int | None,
+         deadline: float | None = None) -> Found:
+    """The lines of the file `fd` (bytes [kept_from, kept_from + size) of the output) that `lines` and
+    `pattern` select, from `offset` (its line; none: the start), as a Found."""
+    deadline = deadline if deadline is not None else time.monotonic() + SCAN_SECONDS
+    total = kept_from + size
+    start = kept_from if offset is None else min(max(offset, kept_from), total)
+    first, last = lines.first, lines.last
+    if lines.tail is not None:
+        count = _count_lines(fd, 0, size)
+        first, last = max(1, count - lines.tail + 1), None
+    # The line `start` falls in, and its number: newlines counted from the kept output's start.
+    line_start = _line_start(fd, kept_from, start)
+    number = 1 + _count_newlines(fd, 0, line_start - kept_from)
+    scanner = Scanner(pattern, first, last, number, line_start)
+    found = Found(start=line_start, to=total, next=total)
+    at = line_start
+    while True:
+        data = os.pread(fd, min(BLOCK, total - at), at - kept_from) if at < total else b""
+        at += len(data)
+        for line in scanner.feed(data, final=not data):
+            if len(found.lines) < SCREEN:
+                found.lines.append(line)
+                found.next = line.offset + line.length + 1
+            elif pattern is None:  # a range alone: the rest is counted, not matched
+                rest = _count_lines(fd, line.offset - kept_from, size)
+                found.more = rest if last is None else min(rest, last - line.number + 1)
+                return _finish(found, total)
+            else:
+                found.more += 1
+        if len(found.lines) == SCREEN and pattern is not None and not scanner.counting:
+            scanner.counting = True  # the screen is full: the rest is only counted
+        found.more += scanner.counted
+        scanner.counted = 0
+        if not data or (last is not None and scanner.number > last):
+            break
+        if time.monotonic() > deadline:
+            found.to, found.ended = at - len(scanner.carry), False
+            break
+    return _finish(found, total)
+
+
+def _finish(found: Found, total: int) -> Found:
+    found.next = min(found.next, total) if found.lines else found.to
+    return found
+
+
+def _line_start(fd: int, kept_from: int, offset: int) -> int:
+    """The offset of the line that `offset` falls in (within the kept bytes)."""
+    at = offset
+    while at > kept_from:
+        begin = max(kept_from, at - 65536)
+        chunk = os.pread(fd, at - begin, begin - kept_from)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            return begin + newline + 1
+        at = begin
+    return kept_from
+
+
+def _count_newlines(fd: int, begin: int, end: int) -> int:
+    """Newlines in the file's bytes [begin, end) (file positions)."""
+    count, at = 0, begin
+    while at < end:
+        data = os.pread(fd, min(BLOCK, end - at), at)
+        if not data:
+            break
+        count += data.count(b"\n")
+        at += len(data)
+    return count
+
+
+def _count_lines(fd: int, begin: int, end: int) -> int:
+    """Lines in the file's bytes [begin, end): its newlines, and one more for a last line not ended."""
+    if end <= begin:
+        return 0
+    last = os.pread(fd, 1, end - 1)
+    return _count_newlines(fd, begin, end) + (0 if last == b"\n" else 1)

@@ -1,0 +1,107 @@
+"""`read` with `lines` or `pattern`: the lines of a background command's
+output or of a call's kept output that a range and a pattern select
+(lines.py scans), as an answer.
+
+Line 1 is the first line of the kept bytes: once bytes were dropped (a
+cap), it is the rest of a line cut by the drop, and numbers shift as a
+running command's output is cut again. Byte offsets count from the output's
+first byte and never shift: a next page is asked for with `offset`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ..detached import outfile
+from ..detached.lines import SCAN_SECONDS, Found, LineRange, compile_pattern, parse_range, scan
+from ..errors import Refused
+from .kept import is_kept_id
+from .tools import ToolResult
+
+if TYPE_CHECKING:
+    from ..detached.background import Background
+    from .kept import Kept
+
+
+def find(arguments: dict, meta: dict, background: Background | None, kept: Kept | None) -> ToolResult:
+    """The lines found, or Refused (a bad range or pattern, an unknown id)."""
+    selected = parse_range(arguments["lines"]) if "lines" in arguments else LineRange()
+    pattern = compile_pattern(arguments["pattern"]) if "pattern" in arguments else None
+    if arguments.get("wait"):
+        raise Refused("wait is taken by a read of bytes, not yet with lines or pattern",
+                      "leave wait out: the lines are found in the output as it is now")
+    offset = arguments.get("offset")
+    with _look(arguments.get("id"), meta, background, kept) as look:
+        total = look.kept_from + look.size
+        if look.fd is None:
+            found = Found(start=0, to=0, next=0)
+        else:
+            found = scan(look.fd, look.kept_from, look.size, pattern, selected, offset)
+        return _answer(look.record, look.kept_from, total, found, arguments)
+
+
+@contextlib.contextmanager
+def _look(item_id: object, meta: dict, background: Background | None, kept: Kept | None) -> Iterator[outfile.Look]:
+    """The output's file, open, with where it starts: kept output by the id's form, else a background command's."""
+    if kept is not None and (background is None or is_kept_id(item_id)):
+        with kept.opened(item_id, meta) as look:
+            yield look
+        return
+    assert background is not None  # read is offered with one of the two
+    record = background.own_record(item_id, meta)
+    from ..detached.background import UNKNOWN
+
+    with background.output_folder() as folder:
+        try:
+            with outfile.looked_at(folder, background.state, record["id"]) as look:
+                yield look
+        except outfile.Removed:
+            raise Refused(UNKNOWN.format(id=item_id)) from None
+
+
+def _answer(record: dict, kept_from: int, total: int, found: Found, arguments: dict) -> ToolResult:
+    shown = [f"{line.number} @{line.offset}: {line.data.decode('utf-8', errors='replace')}"
+             + (f" [… {line.length - len(line.data)} more bytes of this line]" if line.length > len(line.data) else "")
+             for line in found.lines]
+    body = "\n".join(shown)
+    notes = _notes(kept_from, found)
+    header = " · ".join([record["id"], record["state"], _what(arguments), _counted(found), *notes])
+    structured = {
+        "id": record["id"], "state": record["state"], "offset": found.start, "next": found.next,
+        "kept_from": kept_from, "total": total, "text": body, "more": found.more, "searched_to": found.to,
+        "lines": [{"line": line.number, "offset": line.offset, "text": line.data.decode("utf-8", errors="replace"),
+                   "bytes": line.length} for line in found.lines],
+    }
+    return ToolResult(header + ("\n" + body if body else ""), structured, header=True, notes=notes)
+
+
+def _what(arguments: dict) -> str:
+    what = f"lines {arguments['lines']}" if "lines" in arguments else "lines"
+    if str(arguments.get("lines", "")).startswith("-"):
+        what = f"the last {arguments['lines'][1:]} lines"
+    if "pattern" in arguments:
+        what += f" matching {arguments['pattern']!r}"
+    if "offset" in arguments:
+        what += f" from byte {arguments['offset']}"
+    return what
+
+
+def _counted(found: Found) -> str:
+    if not found.lines:
+        return "none found"
+    return f"{len(found.lines)} shown" + (f", {found.more} more" if found.more else "")
+
+
+def _notes(kept_from: int, found: Found) -> list[str]:
+    notes = []
+    if kept_from:
+        notes.append(f"bytes 0–{kept_from} were dropped (a cap keeps the last bytes) and not searched: line 1 "
+                     f"starts at byte {kept_from}")
+    if not found.ended:
+        notes.append(f"the search stopped at byte {found.to} after {SCAN_SECONDS:g} s: read on with "
+                     f"offset={found.to}")
+    elif found.more:
+        notes.append(f"read on with offset={found.next}")
+    return notes

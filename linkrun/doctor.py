@@ -355,7 +355,7 @@ def _limit_fix(scope_why: str) -> str:
 
 def record_checks(agent_root: str) -> Iterator[Check]:
     """Background records that are not whole: set aside by a sweep, or not yet."""
-    from .detached import records
+    from .state import records
 
     folder = agent_folder.locate(agent_root)
     background = os.path.join(folder.files, "background")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 from . import agent as agent_folder
 from . import doctor
-from .detached import filing, records
+from .state import filing, records
 from .network import internet
 from .sandboxing import etcview, hostfacts, sandbox, seccomp
 from .messages.address import parse_address

@@ -16,7 +16,7 @@ import pytest
 from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
 from conftest import SERVER, parent_of, pid_alive, serve_argv, text_of, wait_for
 
-from linkrun.detached import records
+from linkrun.state import records
 
 OTHER = {"link.local/thread": "conversation-2"}
 

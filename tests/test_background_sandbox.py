@@ -13,7 +13,7 @@ from background_helpers import META, start, wait_record
 from conftest import parent_of, SERVER, pid_alive, require_sandbox, stop_what_runs, wait_for
 from sandbox_helpers import Agent
 
-from linkrun.detached import records
+from linkrun.state import records
 from linkrun.processes.spare import LOADER
 
 
@@ -106,7 +106,7 @@ def test_the_supervisor_loads_neither_the_server_nor_the_tools_nor_the_sandbox_b
     for module in ("linkrun.front.server", "linkrun.front.tools", "linkrun.sandboxing.sandbox", "linkrun.up", "linkrun.network.proxy",
                    "linkrun.detached.background", "linkrun.front.protocol"):
         assert module not in loaded
-    assert "linkrun.detached.records" in loaded
+    assert "linkrun.state.records" in loaded
 
 
 def test_a_background_command_starts_quickly_enough_to_be_worth_it(up, box):

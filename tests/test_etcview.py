@@ -25,7 +25,7 @@ from conftest import clean_env, serve_argv, require_sandbox, spare_ready, text_o
 from up_harness import Up
 
 from linkrun import agent
-from linkrun.detached import filing, records
+from linkrun.state import filing, records
 from linkrun.sandboxing import etcrule, etcview, sandbox
 
 

@@ -21,7 +21,7 @@ import pytest
 from conftest import SERVER, clean_env, require_sandbox, wait_for
 
 from linkrun.network import internet, peers, proxy, rules
-from linkrun.detached import records
+from linkrun.state import records
 from linkrun.sandboxing import launch
 
 

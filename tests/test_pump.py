@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from linkrun.detached import records
+from linkrun.state import records
 from linkrun.detached.outfile import OutputFile
 
 CAP = 1 << 20

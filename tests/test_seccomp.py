@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import SYSTEM_PATH, require_sandbox
 
-from linkrun.detached import records
+from linkrun.state import records
 from linkrun.sandboxing import seccomp
 
 TEST_USER = "lnk-seccomp-test"

@@ -15,7 +15,7 @@ from conftest import parent_of, stop_what_runs, SERVER, clean_env, pid_alive, se
 from standin_helpers import WayIn as StandIn
 from standin_helpers import output_block
 
-from linkrun.detached import records
+from linkrun.state import records
 
 META = {"link.local/thread": "conversation-1", "link.local/hops": 1}
 AGENT = "test-agent"

@@ -17,7 +17,7 @@ import os
 from conftest import SERVER, require_sandbox, text_of
 from sandbox_helpers import Agent, outer_sandbox
 
-from linkrun.detached import records
+from linkrun.state import records
 
 NO_WAY_IN = ["--no-way-in"]
 

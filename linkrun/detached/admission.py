@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from . import filing, records
+from ..state import filing, records
 from ..errors import Refused
 from ..units import local_time
 

@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from . import admission, filing, outfile, records
+from . import admission, outfile
 from .. import config
 from ..sandboxing import beneath
+from ..state import filing, records
 from .outfile import ReadChunk
 from .watch import Watcher
 from ..config import Serve

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import records
+from ..state import records
 from ..kernel import last_errno, libc
 from ..processes.capture import utf8_head, utf8_tail
 from ..errors import LinkRunError, Refused

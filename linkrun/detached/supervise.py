@@ -24,8 +24,8 @@ import sys
 import threading
 import time
 
-from . import records
-from .records import AGENT_STOPPING, State, Told
+from ..state import records
+from ..state.records import AGENT_STOPPING, State, Told
 from ..processes.child import boottime, kill_group, signal_name
 from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch, grow_pipe

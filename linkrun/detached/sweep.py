@@ -15,9 +15,9 @@ import signal
 import sys
 import time
 
-from . import filing, records
+from ..state import filing, records
 from ..messages import telling
-from .records import State, Told
+from ..state.records import State, Told
 from .outfile import measure
 from ..config import split_flags, way_in_flags
 from ..errors import LinkRunError, UsageError

@@ -6,7 +6,7 @@ here they become what a client sees: the structured value and the text.
 
 from __future__ import annotations
 
-from ..detached import records
+from ..state import records
 from ..detached.background import MAX_WAIT, background_settings
 from ..config import Serve
 from ..units import format_duration

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import orjson
 
-from ..detached import filing, records
-from ..detached.records import Told
+from ..state import filing, records
+from ..state.records import Told
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

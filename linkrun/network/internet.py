@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from ..detached import filing, records
+from ..state import filing, records
 from ..errors import LinkRunError
 
 # Named in records' layout of the state folder.

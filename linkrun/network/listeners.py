@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 
 from . import internet
-from ..detached import records
+from ..state import records
 from ..processes.child import signal_name
 
 BACKLOG = 256  # connections a listener queues before the proxy accepts them

@@ -41,7 +41,7 @@ import sys
 import time
 
 from . import internet, listeners, peers, rules
-from ..detached import records
+from ..state import records
 from ..config import split_flags
 from ..errors import LinkRunError, UsageError
 

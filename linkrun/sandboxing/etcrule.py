@@ -34,7 +34,7 @@ import os
 import re
 import stat
 
-from ..detached import filing
+from ..state import filing
 
 RULE = "rule 2: others may read, no PEM private key"
 PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----")

@@ -44,11 +44,11 @@ import struct
 import sys
 import time
 
-from ..detached import filing
+from ..state import filing
 from . import etcrule
 from ..errors import LinkRunError
 from ..kernel import last_errno, libc
-from ..detached.records import ETC_LOCK, ETC_VIEW, ETC_VIEWS, boot_id
+from ..state.records import ETC_LOCK, ETC_VIEW, ETC_VIEWS, boot_id
 
 ETC = "/etc"
 # What programs need of /etc, and no more.

@@ -45,7 +45,7 @@ import errno
 import os
 import struct
 
-from ..detached import filing, records
+from ..state import filing, records
 
 # linux/audit.h: the machine type with its 64-bit and little-endian bits.
 AUDIT_ARCH_X86_64 = 0xC000003E

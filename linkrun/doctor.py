@@ -358,17 +358,17 @@ def record_checks(agent_root: str) -> Iterator[Check]:
     from .state import records
 
     folder = agent_folder.locate(agent_root)
-    background = os.path.join(folder.files, "background")
+    background = os.path.join(folder.files, records.BACKGROUND)
     aside = os.path.join(folder.state, records.BAD)
     try:
-        set_aside = sorted(name[:-5] for name in os.listdir(aside) if name.endswith(".json"))
+        set_aside = sorted(name.removesuffix(records.RECORD) for name in os.listdir(aside) if name.endswith(records.RECORD))
     except OSError:
         set_aside = []
     for command_id in set_aside:
-        output = os.path.join(background, f"{command_id}.out")
+        output = os.path.join(background, records.output_name(command_id))
         also = f" and its output {output}" if os.path.exists(output) else ""
         yield "warn", f"background command {command_id}: its record was not whole and is set aside in {aside}", \
-            f"look at {os.path.join(aside, command_id + '.json')}{also}, then delete them"
+            f"look at {os.path.join(aside, command_id + records.RECORD)}{also}, then delete them"
     for command_id in records.ids(folder.state):
         try:
             records.load_strict(folder.state, command_id)

@@ -383,7 +383,7 @@ def _look(folder_fd: int, state: str, command_id: str) -> Look | None:
         fd = open_output(folder_fd, command_id)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise Refused(f"background/{command_id}.out is a link, which is never followed",
+            raise Refused(f"{records.shown_output(command_id)} is a link, which is never followed",
                           "the output is not readable") from None
         raise
     try:

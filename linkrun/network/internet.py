@@ -31,9 +31,6 @@ import time
 from ..state import filing, records
 from ..errors import LinkRunError
 
-# Named in records' layout of the state folder.
-SETTINGS, REFUSED, FOLDER, SOCKET = (records.PROXY_SETTINGS, records.PROXY_REFUSED, records.PROXY_FOLDER,
-                                     records.PROXY_SOCKET)
 PORT = 3128  # the proxy's port on each sandbox's own loopback
 ADDRESS = f"http://127.0.0.1:{PORT}"
 # How long a call's program waits, at most, for the proxy to listen in its sandbox.
@@ -51,7 +48,7 @@ VARIABLES = (
 
 
 def socket_path(state: str) -> str:
-    return os.path.join(state, FOLDER, SOCKET)
+    return os.path.join(state, records.PROXY_FOLDER, records.PROXY_SOCKET)
 
 
 def parse_route(text: str) -> str:
@@ -76,7 +73,7 @@ def write_settings(state: str, hosts: list[str], route: str | None, way_in_port:
     import orjson
 
     os.makedirs(state, mode=0o700, exist_ok=True)
-    filing.write_whole(os.path.join(state, SETTINGS),
+    filing.write_whole(os.path.join(state, records.PROXY_SETTINGS),
                        orjson.dumps({"hosts": list(hosts), "route": route, "way_in_port": way_in_port}))
 
 
@@ -84,7 +81,7 @@ def read_settings(state: str) -> Settings:
     """The settings in `<state>/proxy.json`; a clear error when it is missing or bad."""
     import orjson
 
-    path = os.path.join(state, SETTINGS)
+    path = os.path.join(state, records.PROXY_SETTINGS)
     fix = "lnk-link-run up writes it from the sandbox file's [internet] hosts"
     try:
         with open(path, "rb") as f:
@@ -242,7 +239,7 @@ def refused(state: str, since: float, pid: int | None = None) -> list[str]:
     each once, in order; with `pid`, only those asked from below that process
     (a call's sandbox), so calls running at once are told their own."""
     try:
-        with open(os.path.join(state, REFUSED), "rb") as f:
+        with open(os.path.join(state, records.PROXY_REFUSED), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))  # the tail is enough
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:  # none logged, or the log cannot be read: the answer goes without the note

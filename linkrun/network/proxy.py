@@ -71,8 +71,8 @@ class Proxy:
         self.cap = sandbox_cap(descriptors)
         self.held: collections.Counter[str] = collections.Counter()  # connections held, by sandbox
         self.at_cap: set[str] = set()  # sandboxes told of in the log, until they drop below the cap
-        self.settings_path = os.path.join(state, internet.SETTINGS)
-        self.refused_log = os.path.join(state, internet.REFUSED)
+        self.settings_path = os.path.join(state, records.PROXY_SETTINGS)
+        self.refused_log = os.path.join(state, records.PROXY_REFUSED)
         self.seen: tuple[int, int, int] | None = None
         self.rules = rules.Rules([])
         self.route: tuple[str, int] | None = None
@@ -316,14 +316,14 @@ def main(argv: list[str]) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another proxy serves this agent
-    folder = os.path.join(state, internet.FOLDER)
+    folder = os.path.join(state, records.PROXY_FOLDER)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)  # no sandbox sees it: only the agent's own serve and supervisors
     proxy = Proxy(state, descriptors)
     hand_over = listeners.HandOver(folder, proxy.serve_soon)
     hand_over.start()  # before proxy.sock: a user that finds the proxy finds its hand-over too
-    listener = listeners.bind_unix(folder, internet.SOCKET, socket.SOCK_STREAM)
-    print(f"lnk-link-run proxy: serving {folder}/{internet.SOCKET}", file=sys.stderr, flush=True)
+    listener = listeners.bind_unix(folder, records.PROXY_SOCKET, socket.SOCK_STREAM)
+    print(f"lnk-link-run proxy: serving {folder}/{records.PROXY_SOCKET}", file=sys.stderr, flush=True)
     asyncio.run(_serve(proxy, listener, hand_over, state))
     return 0
 

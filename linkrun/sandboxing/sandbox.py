@@ -28,6 +28,7 @@ from ..network import internet as internet_
 from ..config import Limits
 from ..config import parse_size, split_flags
 from ..errors import LinkRunError, UsageError
+from ..state import records
 from ..processes.group import kill_init
 from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, hidden_keys, memory_total, nproc_limit
 from .launch import Sandbox, prepare, program_argv
@@ -408,7 +409,7 @@ def main(argv: list[str]) -> int:
                              "give an absolute path or a program this machine has")
         program[0] = found
 
-    proxy_dir = os.path.join(folder.state, internet_.FOLDER) if sandbox.hosts else None
+    proxy_dir = os.path.join(folder.state, records.PROXY_FOLDER) if sandbox.hosts else None
     from . import seccomp
 
     box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))

@@ -94,6 +94,11 @@ def output_name(command_id: str) -> str:
     return f"{command_id}.out"
 
 
+def shown_output(command_id: str) -> str:
+    """A command's output file as the agent names it, in its files folder."""
+    return f"{BACKGROUND}/{output_name(command_id)}"
+
+
 def next_output_name(command_id: str) -> str:
     """The output file during a rotation, renamed over `output_name`."""
     return f"{command_id}.out.next"

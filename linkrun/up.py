@@ -18,7 +18,7 @@ from . import doctor
 from .state import filing, records
 from .network import internet
 from .sandboxing import etcview, hostfacts, sandbox, seccomp
-from .messages.address import parse_address
+from .address import parse_address
 from .config import Flags, WayInFlags, parse_duration, parse_size, split_flags, way_in_flags
 from .invocation import typed
 from .errors import LinkRunError, UsageError

@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator, Sequence
 from . import admission, outfile
 from .. import config
 from ..sandboxing import beneath
-from ..state import filing, records
+from ..state import records
 from .outfile import ReadChunk
 from .watch import Watcher
 from ..config import Serve
 from ..errors import LinkRunError, Refused
+from ..kernel import write_all
 from ..processes.runner import Request
 from ..units import local_time
 
@@ -370,6 +371,6 @@ class Background:
 def _write_new(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        filing.write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)

@@ -26,7 +26,8 @@ import time
 
 from ..state import records
 from ..state.records import AGENT_STOPPING, State, Told
-from ..processes.child import boottime, kill_group, signal_name
+from ..processes.child import boottime, kill_group
+from ..units import signal_name
 from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch, grow_pipe
 from ..config import Limits

@@ -18,7 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .address import AGENT_ID, parse_address
+from ..address import AGENT_ID, parse_address
 from ..config import split_flags
 from ..errors import LinkRunError, UsageError
 from .wayin import read_key, signature

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from . import internet
 from ..state import records
-from ..processes.child import signal_name
+from ..units import signal_name
 
 BACKLOG = 256  # connections a listener queues before the proxy accepts them
 RESTART_DELAY = 1.0  # seconds before a hand-over process that ended is started again: one that cannot start never spins

@@ -14,7 +14,7 @@ from .errors import LinkRunError
 COMMANDS = {
     "serve": ("linkrun.front.server", "main", "the MCP server over stdio (what `up` execs)"),
     "up": ("linkrun.up", "main", "start an agent's server the way Link does, on embedded defaults"),
-    "sandbox": ("linkrun.sandboxing.sandbox", "main", "build the bubblewrap argv from a sandbox file, and run or print it"),
+    "sandbox": ("linkrun.sandbox_command", "main", "build the bubblewrap argv from a sandbox file, and run or print it"),
     "doctor": ("linkrun.doctor", "main", "check that the sandbox can run here, and say what to fix"),
     "supervise": ("linkrun.detached.supervise", "main", "(internal) the detached supervisor of one background command"),
     "sweep": ("linkrun.detached.sweep", "main_sweep", "recover background commands after a crash, tell, clean up"),
@@ -30,7 +30,7 @@ COMMANDS = {
 USAGES: dict[str, tuple[str, str] | str] = {
     "serve": ("linkrun.config", "SERVE_USAGE"),
     "up": ("linkrun.up", "HELP"),
-    "sandbox": ("linkrun.sandboxing.sandbox", "USAGE"),
+    "sandbox": ("linkrun.sandbox_command", "USAGE"),
     "doctor": "lnk-link-run doctor [--agent DIR] [--sandbox FILE]",
     "supervise": ("linkrun.detached.supervise", "USAGE"),
     "sweep": "lnk-link-run sweep <state> [--way-in ADDR --as ID [--keyring DIR]]",

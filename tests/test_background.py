@@ -430,7 +430,7 @@ def test_a_state_folder_on_a_network_filesystem_is_refused(tmp_path, files):
 
 def test_star_refuses_an_absolute_program_not_visible_in_the_sandbox(tmp_path):
     from linkrun.errors import Refused
-    from linkrun.processes.programs import Programs
+    from linkrun.sandboxing.programs import Programs
 
     tool = tmp_path / "tool"
     tool.write_text("#!/bin/sh\n")

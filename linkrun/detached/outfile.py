@@ -58,6 +58,19 @@ def kept_from_of(record: dict, inode: int) -> int | None:
     return None
 
 
+def last_bytes(record: dict) -> bytes:
+    """The end of the command's output for the told message (the record's `output` // 2 bytes)."""
+    fd = _output_of(record)
+    if fd is None:
+        return b""
+    want = max(0, int(record.get("output") or 0) // 2)
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, min(want, size), max(0, size - want))
+    finally:
+        os.close(fd)
+
+
 def open_output(folder_fd: int, command_id: str) -> int | None:
     """`<id>.out` for reading, never through a link (ELOOP); None when there is none."""
     try:
@@ -69,22 +82,27 @@ def open_output(folder_fd: int, command_id: str) -> int | None:
 def measure(record: dict) -> tuple[int, int, int] | None:
     """(inode, kept_from, size) of a command's output file as its record
     names it, or None; for a record no supervisor writes any more."""
-    try:
-        folder = open_background(record["files"])
-    except OSError:
-        return None
-    try:
-        fd = open_output(folder, record["id"])
-    except OSError:
-        fd = None
-    finally:
-        os.close(folder)
+    fd = _output_of(record)
     if fd is None:
         return None
     try:
         return _placed(fd, record)
     finally:
         os.close(fd)
+
+
+def _output_of(record: dict) -> int | None:
+    """A command's output file for reading, by its record; None when there is none, or it is a link."""
+    try:
+        folder = open_background(record["files"])
+    except OSError:
+        return None
+    try:
+        return open_output(folder, record["id"])
+    except OSError:  # a link (ELOOP): never followed
+        return None
+    finally:
+        os.close(folder)
 
 
 class OutputFile:

@@ -32,7 +32,7 @@ from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch, grow_pipe
 from ..config import Limits
 from ..sandboxing.launch import Launch, Sandbox, prepare
-from .outfile import OutputFile
+from .outfile import OutputFile, last_bytes
 
 WATCH_PENDING = 0.01
 TERM_GRACE = 2.0  # from the SIGTERM of a stop to the SIGKILL
@@ -432,7 +432,7 @@ class Supervisor:
         """Step 9: tell the conversation through the way in (§4)."""
         from ..messages import telling
 
-        telling.tell_from_supervisor(self.state, self.id, self.record, self.log, self.wake_r,
+        telling.tell_from_supervisor(self.state, self.id, self.record, self.log, last_bytes, self.wake_r,
                                      stopping=lambda: self.signalled is not None, poll_every=self.wake_poll)
 
     def wake_poll(self) -> float | None:

@@ -18,7 +18,7 @@ import time
 from ..state import filing, records
 from ..messages import telling
 from ..state.records import State, Told
-from .outfile import measure
+from .outfile import last_bytes, measure
 from ..config import split_flags, way_in_flags
 from ..errors import LinkRunError, UsageError
 from ..invocation import typed
@@ -250,7 +250,7 @@ def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     if record.get("sweep_first_try") is None or record["sweep_first_try"] > now:  # or dated by a clock ahead
         record["sweep_first_try"] = now
     way_in = override or telling.WayIn.of(record)
-    delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"))
+    delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"), last_bytes)
     if delivery.outcome == "not reached" and now - min(record["sweep_first_try"], now) >= telling.WINDOW:
         record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)

@@ -11,7 +11,7 @@ from ..detached.background import MAX_WAIT, background_settings
 from ..config import Serve
 from ..units import format_duration
 from ..detached.outfile import ReadChunk
-from .tools import ToolResult, nullable
+from .results import ToolResult, nullable
 
 _ID = {"type": "string", "description": "The command's id, as start answered it."}
 _ENTRY = {

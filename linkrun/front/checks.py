@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import LinkRunError
-from .tools import ToolResult
+from .results import ToolResult
 
 # The tools that run a program in the sandbox: the others read records and files only.
 HELD = frozenset({"command", "start"})

@@ -28,7 +28,8 @@ from .protocol import (
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
 from .checks import Checks
-from .tools import CallContext, Tools, ToolResult
+from .results import ToolResult
+from .tools import CallContext, Tools
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 MODERN_VERSIONS = ("2026-07-28",)

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..processes import runner
@@ -25,32 +25,13 @@ from ..errors import LinkRunError, Refused
 from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
 from ..sandboxing.launch import Launch, Sandbox, join_group, prepare, program_argv
 from ..state import records
-from ..processes.programs import Programs
+from ..sandboxing.programs import Programs
 from ..units import describe_size, format_duration
+from .results import ToolResult, nullable
 
 if TYPE_CHECKING:
     from ..detached.background import Background
     from ..network.internet import Users
-
-
-@dataclass
-class ToolResult:
-    text: str
-    structured: dict[str, object] | None = None
-    is_error: bool = False
-    header: bool = False  # the text is a header line, then exactly a program's bytes
-    # Each also in the text; for the clients that give the model the structured value alone.
-    notes: list[str] = field(default_factory=list)
-
-    def add_note(self, note: str) -> None:
-        """A note of the server's: a last line of its own, or, after a header,
-        at the header's end, so that the bytes below stay exactly the bytes."""
-        self.notes.append(note)
-        if self.header:
-            first, newline, rest = self.text.partition("\n")
-            self.text = f"{first} · {note}{newline}{rest}"
-        else:
-            self.text += "\n" + note
 
 
 # A call's progress to its client: (progress, total, message).
@@ -85,16 +66,6 @@ _RUN_PROPERTIES = {
         "description": "The folder to run in, relative to the files folder (default: the files folder itself).",
     },
 }
-
-
-def nullable(kind: str, description: str = "") -> dict[str, object]:
-    """A value of `kind` or null, spelt with anyOf: clients that read `type`
-    as one string mishandle `["integer", "null"]`, and the Inspector's
-    --strict warns on it."""
-    schema: dict[str, object] = {"anyOf": [{"type": kind}, {"type": "null"}]}
-    if description:
-        schema["description"] = description
-    return schema
 
 
 _SHOWN = ("its kept start and end as text, with [… N bytes left out …] where it was cut, "

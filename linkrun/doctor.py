@@ -221,7 +221,7 @@ def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFil
 def _longest_call(folder: agent_folder.AgentFolder) -> int:
     """The most seconds a call runs (the spec's timeout, else the default): the span of a cpu limit's rlimit."""
     from .config import parse_duration
-    from .up import read_toml, run_settings
+    from .spec import read_toml, run_settings
 
     source = folder.spec_file
     try:

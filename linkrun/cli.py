@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from . import __version__
+from . import logger
 from .errors import LinkRunError
 
 # subcommand → (module, function, one line of help). Each function takes the
@@ -75,17 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lnk-link-run {__version__}")
         return 0
     if name not in COMMANDS:
-        print(f"lnk-link-run: unknown command {name!r}\n{usage()}", file=sys.stderr)
+        logger.error(f"unknown command {name!r}")
+        print(usage(), file=sys.stderr)
         return 2
     if any(word in HELP for word in flags_of(rest)):
         print(command_help(name))
         return 0
     module_name, function, _ = COMMANDS[name]
+    logger.start(name)
     try:
         module = importlib.import_module(module_name)
         return getattr(module, function)(rest) or 0
     except LinkRunError as error:
-        print(f"lnk-link-run {name}: {error}", file=sys.stderr)
+        logger.error(str(error))
         return error.exit_code
     except KeyboardInterrupt:
         return 130

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 
+from . import logger
 from . import agent as agent_folder
 from .config import split_flags
 from .errors import LinkRunError, UsageError
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
         if init is not None:
             os.close(init)
     for note in launch.git_notes:
-        print(f"lnk-link-run: git check: {note}", file=sys.stderr)
+        logger.warning(f"git check: {note}")
     return code if code >= 0 else 128 - code
 
 

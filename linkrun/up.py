@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
+from . import logger
 from . import agent as agent_folder
 from . import doctor
 from .state import filing, records
@@ -168,8 +169,7 @@ def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.Sandbo
                       way_in: WayInFlags) -> None:
     """The proxy's settings file (a --route without hosts is said to change nothing)."""
     if route and not settings.hosts:
-        print("lnk-link-run up: --route changes nothing: the sandbox file's [internet] names no hosts",
-              file=sys.stderr)
+        logger.warning("--route changes nothing: the sandbox file's [internet] names no hosts")
     if settings.hosts or os.path.exists(os.path.join(folder.state, records.PROXY_SETTINGS)):
         # Also with no hosts: a proxy still kept by a background command follows the file.
         way_in_port = None
@@ -246,6 +246,6 @@ def _say_to_a_terminal(argv: list[str], environ: Mapping[str, str]) -> None:
         return
     flags, _ = split_flags(argv, _VALUED, {"--no-way-in"}, set())  # checked already by the plan
     folder = agent_folder.locate(flags.get("--agent") or agent_folder.default_root(environ))
-    print(f"lnk-link-run up: this is an MCP server over stdio, waiting for a client on its input: start it from "
-          f"an MCP client (docs/clients.md). The agent's folder is {folder.root}, its sandbox file "
-          f"{folder.sandbox_file}; {typed('doctor')} checks the setup. Ctrl-D ends it.", file=sys.stderr, flush=True)
+    logger.info(f"this is an MCP server over stdio, waiting for a client on its input: start it from "
+                f"an MCP client (docs/clients.md). The agent's folder is {folder.root}, its sandbox file "
+                f"{folder.sandbox_file}; {typed('doctor')} checks the setup. Ctrl-D ends it.")

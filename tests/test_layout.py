@@ -122,7 +122,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sandboxing", ("sandboxing",)),  # the sandbox's argv, its launch, its limits
     ("network", ("network",)),  # the agent's internet
     ("state", ("state",)),  # the state folder's contract
-    ("ground", ("__init__", "config", "errors", "units", "kernel", "invocation", "agent", "address")),
+    ("ground", ("__init__", "config", "errors", "units", "kernel", "invocation", "agent", "address", "logger")),
 )
 
 # Arrows allowed against the floors, each with its reason. Empty: add one only

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from .. import logger
 from . import admission, outfile
 from .. import config
 from ..sandboxing import beneath
@@ -184,7 +185,7 @@ class Background:
                 start_new_session=True, close_fds=True, cwd="/",
             )
         except OSError as problem:
-            print(f"lnk-link-run serve: cannot start a supervisor: {problem}", file=sys.stderr)
+            logger.warning(f"cannot start a supervisor: {problem}")
             return 127
         finally:
             os.close(log)
@@ -219,7 +220,7 @@ class Background:
             sweeper = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        start_new_session=True, close_fds=True, cwd="/")
         except OSError as problem:
-            print(f"lnk-link-run serve: cannot start a sweep: {problem}", file=sys.stderr)
+            logger.warning(f"cannot start a sweep: {problem}")
             return
         sweeper.wait()  # on this thread, so it is reaped; it outlives serve if serve exits first
 
@@ -247,7 +248,7 @@ class Background:
                 try:
                     self.sweep_one(command_id)
                 except OSError as problem:  # a full state folder: the next sweep mends it
-                    print(f"lnk-link-run serve: cannot sweep {command_id} now: {problem}", file=sys.stderr)
+                    logger.warning(f"cannot sweep {command_id} now: {problem}")
                 record = records.load(self.state, command_id) or record
             own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)

@@ -12,9 +12,9 @@ import fcntl
 import os
 import shutil
 import signal
-import sys
 import time
 
+from .. import logger
 from ..state import filing, records
 from ..messages import telling
 from ..state.records import State, Told
@@ -27,13 +27,15 @@ STOP_WAIT = 10.0
 
 
 def log(text: str) -> None:
-    print(f"lnk-link-run sweep: {text}", file=sys.stderr, flush=True)
+    """What a sweep did: said where a person reads it, quiet in serve's stderr (logger.py)."""
+    logger.info(text)
 
 
 # -- sweep ----------------------------------------------------------------------
 
 
 def main_sweep(argv: list[str]) -> int:
+    logger.start("sweep", quiet_for_a_client=True)  # serve starts one every few minutes, on its own stderr
     positional = None
     if argv and not argv[0].startswith("--"):
         positional, argv = argv[0], argv[1:]
@@ -78,7 +80,7 @@ def sweep_all(state: str, override: telling.WayIn | None, counts: dict) -> None:
                 sweep_record(state, command_id, override, reachable, counts, names)
             except Exception as problem:  # noqa: BLE001 - one record must not stop the others
                 counts["failed"] += 1
-                log(f"{command_id}: cannot sweep it: {problem!r}")
+                logger.error(f"{command_id}: cannot sweep it: {problem!r}")
     remove_orphan_locks(state)
 
 
@@ -135,8 +137,8 @@ def set_aside(state: str, command_id: str, why: str) -> None:
     """A bad record (we hold its lock): its files into `bad/`, named, and its lock removed."""
     where = records.set_aside(state, command_id)
     _unlink(records.path(state, command_id, records.LOCK))
-    log(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, stays in "
-        f"{records.BACKGROUND}/{records.output_name(command_id)} of the files folder ({typed('doctor')} names both)")
+    logger.warning(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, "
+                   f"stays in {records.shown_output(command_id)} of the files folder ({typed('doctor')} names both)")
 
 
 def remove_orphan_locks(state: str) -> None:
@@ -254,7 +256,7 @@ def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     if delivery.outcome == "not reached" and now - min(record["sweep_first_try"], now) >= telling.WINDOW:
         record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)
-        log(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
+        logger.warning(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
         return Told.GIVEN_UP
     return delivery.outcome
 
@@ -358,18 +360,17 @@ def _state_folder(argv: list[str], command: str) -> str | None:
 def main_stop(argv: list[str]) -> int:
     state = _state_folder(argv, "stop")
     if state is None:
-        print("no state folder: no background command runs", file=sys.stderr)
+        logger.info("no state folder: no background command runs")
         return 0
     stopped = stop_all(state, records.AGENT_STOPPING)
-    print(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back",
-          file=sys.stderr)
+    logger.info(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back")
     return 0
 
 
 def main_remove(argv: list[str]) -> int:
     state = _state_folder(argv, "remove")
     if state is None:
-        print("no state folder: removed already, or never made", file=sys.stderr)
+        logger.info("no state folder: removed already, or never made")
         return 0
     # Under start.lock: no start can slip in between the mark and the stop.
     with filing.hold(os.path.join(state, records.START_LOCK)), open(os.path.join(state, records.REMOVED), "w") as f:

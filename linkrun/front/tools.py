@@ -10,13 +10,13 @@ what is allowed.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import logger
 from ..processes import runner
 from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
 from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, limit_warnings, limits_sentence
@@ -153,8 +153,8 @@ class Tools:
 
         ended = strays.end(self.settings.files)
         if ended:
-            print(f"lnk-link-run serve: ended {ended} sandbox process(es) of this agent that a killed serve or "
-                  f"supervisor had left behind", file=sys.stderr, flush=True)
+            logger.info(f"ended {ended} sandbox process(es) of this agent that a killed serve or "
+                        f"supervisor had left behind")
 
     def _say_limits_that_do_not_hold(self) -> None:
         from ..sandboxing import cgroups  # not at start: initialize never waits for it
@@ -162,7 +162,7 @@ class Tools:
         assert self.settings.limits is not None  # started only with limits
         assert self.sandbox.holding is not None  # with limits
         for line in limit_warnings(self.sandbox.holding, cgroups.place()):
-            print(f"lnk-link-run serve: {line}", file=sys.stderr, flush=True)
+            logger.warning(line)
 
     def _proxy_ready(self) -> str | None:
         """Start the agent's proxy if none runs; None, or why the call has no internet."""
@@ -172,7 +172,7 @@ class Tools:
             return None
         except (LinkRunError, OSError) as problem:
             why = problem.message if isinstance(problem, LinkRunError) else str(problem)
-            print(f"lnk-link-run serve: {why}", file=sys.stderr, flush=True)
+            logger.warning(why)
             return why
 
     # -- listing ---------------------------------------------------------

@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Callable
 
+from .. import logger
 from . import internet
 from ..state import records
 from ..units import signal_name
@@ -77,16 +78,14 @@ class HandOver:
         except ProcessLookupError:
             pass
         _, status = os.waitpid(self.pid, 0)
-        print(f"lnk-link-run proxy: the hand-over process ended ({_how(status)}); starting another in "
-              f"{RESTART_DELAY:g} s", file=sys.stderr, flush=True)
+        logger.warning(f"the hand-over process ended ({_how(status)}); starting another in {RESTART_DELAY:g} s")
         loop.call_later(RESTART_DELAY, self.restart)
 
     def restart(self) -> None:
         try:
             self.start()
         except OSError as problem:
-            print(f"lnk-link-run proxy: cannot start the hand-over process: {problem}; trying again in "
-                  f"{RESTART_DELAY:g} s", file=sys.stderr, flush=True)
+            logger.warning(f"cannot start the hand-over process: {problem}; trying again in {RESTART_DELAY:g} s")
             asyncio.get_running_loop().call_later(RESTART_DELAY, self.restart)
             return
         self.watch()

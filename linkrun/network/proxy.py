@@ -37,9 +37,9 @@ import functools
 import os
 import resource
 import socket
-import sys
 import time
 
+from .. import logger
 from . import internet, listeners, peers, rules
 from ..state import records
 from ..config import split_flags
@@ -93,12 +93,11 @@ class Proxy:
         try:
             hosts, route, self.way_in_port = internet.read_settings(self.state)
         except LinkRunError as problem:
-            print(f"lnk-link-run proxy: {problem.message}; the hosts read before are kept", file=sys.stderr, flush=True)
+            logger.warning(f"{problem.message}; the hosts read before are kept")
             return
         self.seen, self.rules = seen, rules.Rules(hosts)
         self.route = _address(route) if route else None
-        print(f"lnk-link-run proxy: hosts: {self.rules.describe()}" + (f", through {route}" if route else ""),
-              file=sys.stderr, flush=True)
+        logger.info(f"hosts: {self.rules.describe()}" + (f", through {route}" if route else ""))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      init: int | None = None) -> None:
@@ -150,7 +149,7 @@ class Proxy:
                "(so that it cannot take the internet from the others)")
         if sandbox not in self.at_cap:  # once while it stays at the cap: a loop of connects fills no log
             self.at_cap.add(sandbox)
-            print(f"lnk-link-run proxy: refusing new connections of {sandbox}: {why}", file=sys.stderr, flush=True)
+            logger.warning(f"refusing new connections of {sandbox}: {why}")
         try:
             await self.answer(writer, 503, "Service Unavailable",
                               f"Link Run's proxy refused this connection: {why}. Close some, or wait for them to end.")
@@ -254,7 +253,7 @@ class Proxy:
             with open(self.refused_log, "a") as f:
                 f.write(f"{time.time():.3f} {target} {','.join(map(str, above))}\n")
         except OSError as problem:  # a full disk: the program still gets its 403, the answer no note
-            print(f"lnk-link-run proxy: cannot log the refusal of {target}: {problem}", file=sys.stderr, flush=True)
+            logger.warning(f"cannot log the refusal of {target}: {problem}")
 
     @staticmethod
     async def answer(writer: asyncio.StreamWriter, status: int, reason: str, text: str) -> None:
@@ -323,7 +322,7 @@ def main(argv: list[str]) -> int:
     hand_over = listeners.HandOver(folder, proxy.serve_soon)
     hand_over.start()  # before proxy.sock: a user that finds the proxy finds its hand-over too
     listener = listeners.bind_unix(folder, records.PROXY_SOCKET, socket.SOCK_STREAM)
-    print(f"lnk-link-run proxy: serving {folder}/{records.PROXY_SOCKET}", file=sys.stderr, flush=True)
+    logger.info(f"serving {folder}/{records.PROXY_SOCKET}")
     asyncio.run(_serve(proxy, listener, hand_over, state))
     return 0
 
@@ -336,7 +335,7 @@ def _raise_descriptor_limit() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         soft = hard
     except (ValueError, OSError) as problem:
-        print(f"lnk-link-run proxy: keeps {soft} descriptors: {problem}", file=sys.stderr, flush=True)
+        logger.warning(f"keeps {soft} descriptors: {problem}")
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 

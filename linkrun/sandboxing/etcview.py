@@ -41,9 +41,9 @@ import fnmatch
 import os
 import stat
 import struct
-import sys
 import time
 
+from .. import logger
 from ..state import filing
 from . import etcrule
 from ..errors import LinkRunError
@@ -189,8 +189,7 @@ def refresh(link: str, watch: EtcWatch | None = None) -> None:
         if _stale(current, fingerprint(etc, found), found):
             ensure(state, etc)
     except OSError as error:
-        print(f"lnk-link-run: cannot refresh the sandbox's /etc view in {state}: {error}; "
-              "calls keep the current one", file=sys.stderr)
+        logger.warning(f"cannot refresh the sandbox's /etc view in {state}: {error}; calls keep the current one")
 
 
 def _looked_lately(lock: str) -> bool:
@@ -490,5 +489,4 @@ def _say_unwatched(etc: str, problem: OSError, what: str) -> None:
         why = f"the inotify {kind} allowed to this user are used up: raise the limit {limit} with sysctl"
     else:
         why = str(problem)
-    print(f"lnk-link-run serve: {what} {etc} for changes ({why}); each call looks at it once a second instead",
-          file=sys.stderr, flush=True)
+    logger.warning(f"{what} {etc} for changes ({why}); each call looks at it once a second instead")

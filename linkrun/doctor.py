@@ -355,20 +355,20 @@ def _limit_fix(scope_why: str) -> str:
 
 def record_checks(agent_root: str) -> Iterator[Check]:
     """Background records that are not whole: set aside by a sweep, or not yet."""
-    from .state import records
+    from .state import layout, records
 
     folder = agent_folder.locate(agent_root)
-    background = os.path.join(folder.files, records.BACKGROUND)
-    aside = os.path.join(folder.state, records.BAD)
+    background = os.path.join(folder.files, layout.BACKGROUND)
+    aside = os.path.join(folder.state, layout.BAD)
     try:
-        set_aside = sorted(name.removesuffix(records.RECORD) for name in os.listdir(aside) if name.endswith(records.RECORD))
+        set_aside = sorted(name.removesuffix(layout.RECORD) for name in os.listdir(aside) if name.endswith(layout.RECORD))
     except OSError:
         set_aside = []
     for command_id in set_aside:
-        output = os.path.join(background, records.output_name(command_id))
+        output = os.path.join(background, layout.output_name(command_id))
         also = f" and its output {output}" if os.path.exists(output) else ""
         yield "warn", f"background command {command_id}: its record was not whole and is set aside in {aside}", \
-            f"look at {os.path.join(aside, command_id + records.RECORD)}{also}, then delete them"
+            f"look at {os.path.join(aside, command_id + layout.RECORD)}{also}, then delete them"
     for command_id in records.ids(folder.state):
         try:
             records.load_strict(folder.state, command_id)

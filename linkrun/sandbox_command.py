@@ -20,7 +20,7 @@ from .processes.group import kill_init
 from .sandboxing.hostfacts import SYSTEM_PATH
 from .sandboxing.launch import Sandbox, prepare, program_argv
 from .sandboxing.sandbox import SandboxFile, build, find_system, load, write_folders
-from .state import records
+from .state import layout
 
 
 USAGE = "lnk-link-run sandbox --file <sandbox.toml> --agent <dir> [--print] -- <program> <args>"
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
                              "give an absolute path or a program this machine has")
         program[0] = found
 
-    proxy_dir = os.path.join(folder.state, records.PROXY_FOLDER) if sandbox.hosts else None
+    proxy_dir = os.path.join(folder.state, layout.PROXY_FOLDER) if sandbox.hosts else None
     from .sandboxing import seccomp
 
     box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from . import logger
 from . import agent as agent_folder
 from . import doctor
-from .state import filing, records
+from .state import filing, layout
 from .network import internet
 from .sandboxing import etcview, hostfacts, sandbox, seccomp
 from .address import parse_address
@@ -170,7 +170,7 @@ def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.Sandbo
     """The proxy's settings file (a --route without hosts is said to change nothing)."""
     if route and not settings.hosts:
         logger.warning("--route changes nothing: the sandbox file's [internet] names no hosts")
-    if settings.hosts or os.path.exists(os.path.join(folder.state, records.PROXY_SETTINGS)):
+    if settings.hosts or os.path.exists(os.path.join(folder.state, layout.PROXY_SETTINGS)):
         # Also with no hosts: a proxy still kept by a background command follows the file.
         way_in_port = None
         if way_in.address:

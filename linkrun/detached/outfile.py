@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..state import records
+from ..state import layout, records
 from ..kernel import last_errno, libc
 from ..processes.capture import utf8_head, utf8_tail
 from ..errors import LinkRunError, Refused
@@ -43,7 +43,7 @@ def open_background(files: str) -> int:
     """The files folder's `background/`, opened without following a link."""
     files_fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return os.open(records.BACKGROUND, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=files_fd)
+        return os.open(layout.BACKGROUND, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=files_fd)
     finally:
         os.close(files_fd)
 
@@ -74,7 +74,7 @@ def last_bytes(record: dict) -> bytes:
 def open_output(folder_fd: int, command_id: str) -> int | None:
     """`<id>.out` for reading, never through a link (ELOOP); None when there is none."""
     try:
-        return os.open(records.output_name(command_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+        return os.open(layout.output_name(command_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
     except FileNotFoundError:
         return None
 
@@ -129,7 +129,7 @@ class OutputFile:
     def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[dict], None],
                log: Callable[[str], None] = lambda text: None) -> OutputFile:
         folder_fd = open_background(files)
-        name = records.output_name(command_id)
+        name = layout.output_name(command_id)
         try:
             fd = os.open(name, OPEN_NEW, 0o644, dir_fd=folder_fd)
         except BaseException:
@@ -235,7 +235,7 @@ class OutputFile:
         """Steps (a) to (e): a new file holding the newest `keep` bytes takes the
         old one's place. False, with nothing changed, when it cannot."""
         keep = min(keep, self.size)
-        next_name = self.name + ".next"  # records.next_output_name
+        next_name = self.name + ".next"  # layout.next_output_name
         try:
             _unlink(next_name, self.folder_fd)  # what a rotation cut short left
             new_fd = os.open(next_name, OPEN_NEW, 0o644, dir_fd=self.folder_fd)  # (a)
@@ -401,7 +401,7 @@ def _look(folder_fd: int, state: str, command_id: str) -> Look | None:
         fd = open_output(folder_fd, command_id)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise Refused(f"{records.shown_output(command_id)} is a link, which is never followed",
+            raise Refused(f"{layout.shown_output(command_id)} is a link, which is never followed",
                           "the output is not readable") from None
         raise
     try:

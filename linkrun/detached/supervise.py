@@ -25,7 +25,7 @@ import threading
 import time
 
 from .. import logger
-from ..state import records
+from ..state import layout, records
 from ..state.records import AGENT_STOPPING, State, Told
 from ..processes.child import boottime, kill_group
 from ..units import signal_name
@@ -68,7 +68,7 @@ class Supervisor:
     def __init__(self, command_id: str, state: str) -> None:
         self.id = command_id
         self.state = state
-        self.stop_path = records.path(state, command_id, records.STOP)
+        self.stop_path = layout.path(state, command_id, layout.STOP)
         self.stopped_for: str | None = None  # the stop file's reason, once read
         self.record: dict = {}
         self.lock_fd = -1
@@ -217,7 +217,7 @@ class Supervisor:
             from .watch import watch_paths  # here, on the watch thread: it loads watchdog
 
             # The stop file, and a sweep's wake file while we tell (§4).
-            watched = (self.stop_path, records.path(self.state, self.id, records.WAKE))
+            watched = (self.stop_path, layout.path(self.state, self.id, layout.WAKE))
             self.observer = watch_paths(self.state, watched, self.wake_for_stop)
             self.poll_every = None
         except OSError as problem:  # inotify instances or watches ran out
@@ -260,7 +260,7 @@ class Supervisor:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         self.out_r = out_r
         grow_pipe(out_r)
-        input_path = records.path(self.state, self.id, records.INPUT)
+        input_path = layout.path(self.state, self.id, layout.INPUT)
         try:
             stdin = os.open(input_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:

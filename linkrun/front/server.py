@@ -380,7 +380,7 @@ def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     settings = parse_serve(argv)
     if settings.background is not None:
-        from ..state.records import check_filesystem
+        from ..state.layout import check_filesystem
 
         check_filesystem(settings.background.state)
     if settings.proxy:

@@ -24,7 +24,7 @@ from ..config import Serve
 from ..errors import LinkRunError, Refused
 from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
 from ..sandboxing.launch import Launch, Sandbox, join_group, prepare, program_argv
-from ..state import records
+from ..state import layout
 from ..sandboxing.programs import Programs
 from ..units import describe_size, format_duration
 from .results import ToolResult, nullable
@@ -106,7 +106,7 @@ class Tools:
         self.offered = self.programs.offered()
         self._files_fd: int | None = None
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
-                               os.path.join(settings.state, records.PROXY_FOLDER) if settings.proxy and settings.state else None,
+                               os.path.join(settings.state, layout.PROXY_FOLDER) if settings.proxy and settings.state else None,
                                settings.seccomp, settings.limits, longest=settings.timeout)
         self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
         self._etc_watch_started = False

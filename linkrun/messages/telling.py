@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import orjson
 
-from ..state import filing, records
+from ..state import filing, layout, records
 from ..state.records import Told
 
 TYPE_CHECKING = False
@@ -149,7 +149,7 @@ WAKE_MAX = 64 * 1024
 
 
 def wake_path(state: str, command_id: str) -> str:
-    return records.path(state, command_id, records.WAKE)
+    return layout.path(state, command_id, layout.WAKE)
 
 
 def write_wake(state: str, command_id: str, way_in: WayIn) -> None:

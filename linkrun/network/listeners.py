@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from .. import logger
 from . import internet
-from ..state import records
+from ..state import layout
 from ..units import signal_name
 
 BACKLOG = 256  # connections a listener queues before the proxy accepts them
@@ -35,7 +35,7 @@ class HandOver:
     def start(self) -> None:
         """Bind `hand.sock` afresh and start the process on it (ours closed
         once it has them); `watch()` then, in the proxy's loop."""
-        hand = bind_unix(self.folder, records.PROXY_HAND, socket.SOCK_SEQPACKET)
+        hand = bind_unix(self.folder, layout.PROXY_HAND, socket.SOCK_SEQPACKET)
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.pid = _spawn(hand, theirs)

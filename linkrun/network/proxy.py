@@ -41,7 +41,7 @@ import time
 
 from .. import logger
 from . import internet, listeners, peers, rules
-from ..state import records
+from ..state import layout
 from ..config import split_flags
 from ..errors import LinkRunError, UsageError
 
@@ -71,8 +71,8 @@ class Proxy:
         self.cap = sandbox_cap(descriptors)
         self.held: collections.Counter[str] = collections.Counter()  # connections held, by sandbox
         self.at_cap: set[str] = set()  # sandboxes told of in the log, until they drop below the cap
-        self.settings_path = os.path.join(state, records.PROXY_SETTINGS)
-        self.refused_log = os.path.join(state, records.PROXY_REFUSED)
+        self.settings_path = os.path.join(state, layout.PROXY_SETTINGS)
+        self.refused_log = os.path.join(state, layout.PROXY_REFUSED)
         self.seen: tuple[int, int, int] | None = None
         self.rules = rules.Rules([])
         self.route: tuple[str, int] | None = None
@@ -310,19 +310,19 @@ def main(argv: list[str]) -> int:
     state = os.path.abspath(str(flags["--state"]))
     descriptors = _raise_descriptor_limit()
     internet.read_settings(state)  # a clear error in the log, rather than a proxy admitting nothing
-    lock = os.open(os.path.join(state, records.PROXY_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(os.path.join(state, layout.PROXY_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another proxy serves this agent
-    folder = os.path.join(state, records.PROXY_FOLDER)
+    folder = os.path.join(state, layout.PROXY_FOLDER)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)  # no sandbox sees it: only the agent's own serve and supervisors
     proxy = Proxy(state, descriptors)
     hand_over = listeners.HandOver(folder, proxy.serve_soon)
     hand_over.start()  # before proxy.sock: a user that finds the proxy finds its hand-over too
-    listener = listeners.bind_unix(folder, records.PROXY_SOCKET, socket.SOCK_STREAM)
-    logger.info(f"serving {folder}/{records.PROXY_SOCKET}")
+    listener = listeners.bind_unix(folder, layout.PROXY_SOCKET, socket.SOCK_STREAM)
+    logger.info(f"serving {folder}/{layout.PROXY_SOCKET}")
     asyncio.run(_serve(proxy, listener, hand_over, state))
     return 0
 
@@ -342,7 +342,7 @@ def _raise_descriptor_limit() -> int:
 async def _serve(proxy: Proxy, listener: socket.socket, hand_over: listeners.HandOver, state: str) -> None:
     server = await asyncio.start_unix_server(proxy.handle, sock=listener, limit=HEAD_MAX)
     hand_over.watch()
-    users = os.open(os.path.join(state, records.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    users = os.open(os.path.join(state, layout.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     async with server:
         while True:
             await asyncio.sleep(USERS_CHECK)

@@ -48,7 +48,8 @@ from ..state import filing
 from . import etcrule
 from ..errors import LinkRunError
 from ..kernel import last_errno, libc
-from ..state.records import ETC_LOCK, ETC_VIEW, ETC_VIEWS, boot_id
+from ..state.layout import ETC_LOCK, ETC_VIEW, ETC_VIEWS
+from ..state.records import boot_id
 
 ETC = "/etc"
 # What programs need of /etc, and no more.

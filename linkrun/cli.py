@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from . import __version__
+from . import logger
 from .errors import LinkRunError
 
 # subcommand → (module, function, one line of help). Each function takes the
@@ -14,7 +15,7 @@ from .errors import LinkRunError
 COMMANDS = {
     "serve": ("linkrun.front.server", "main", "the MCP server over stdio (what `up` execs)"),
     "up": ("linkrun.up", "main", "start an agent's server the way Link does, on embedded defaults"),
-    "sandbox": ("linkrun.sandboxing.sandbox", "main", "build the bubblewrap argv from a sandbox file, and run or print it"),
+    "sandbox": ("linkrun.sandbox_command", "main", "build the bubblewrap argv from a sandbox file, and run or print it"),
     "doctor": ("linkrun.doctor", "main", "check that the sandbox can run here, and say what to fix"),
     "supervise": ("linkrun.detached.supervise", "main", "(internal) the detached supervisor of one background command"),
     "sweep": ("linkrun.detached.sweep", "main_sweep", "recover background commands after a crash, tell, clean up"),
@@ -30,7 +31,7 @@ COMMANDS = {
 USAGES: dict[str, tuple[str, str] | str] = {
     "serve": ("linkrun.config", "SERVE_USAGE"),
     "up": ("linkrun.up", "HELP"),
-    "sandbox": ("linkrun.sandboxing.sandbox", "USAGE"),
+    "sandbox": ("linkrun.sandbox_command", "USAGE"),
     "doctor": "lnk-link-run doctor [--agent DIR] [--sandbox FILE]",
     "supervise": ("linkrun.detached.supervise", "USAGE"),
     "sweep": "lnk-link-run sweep <state> [--way-in ADDR --as ID [--keyring DIR]]",
@@ -75,17 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lnk-link-run {__version__}")
         return 0
     if name not in COMMANDS:
-        print(f"lnk-link-run: unknown command {name!r}\n{usage()}", file=sys.stderr)
+        logger.error(f"unknown command {name!r}")
+        print(usage(), file=sys.stderr)
         return 2
     if any(word in HELP for word in flags_of(rest)):
         print(command_help(name))
         return 0
     module_name, function, _ = COMMANDS[name]
+    logger.start(name)
     try:
         module = importlib.import_module(module_name)
         return getattr(module, function)(rest) or 0
     except LinkRunError as error:
-        print(f"lnk-link-run {name}: {error}", file=sys.stderr)
+        logger.error(str(error))
         return error.exit_code
     except KeyboardInterrupt:
         return 130

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .messages.address import AGENT_ID, parse_address
+from .address import AGENT_ID, parse_address
 from .agent import default_keyring
 from .errors import LinkRunError, UsageError
 

@@ -221,7 +221,7 @@ def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFil
 def _longest_call(folder: agent_folder.AgentFolder) -> int:
     """The most seconds a call runs (the spec's timeout, else the default): the span of a cpu limit's rlimit."""
     from .config import parse_duration
-    from .up import read_toml, run_settings
+    from .spec import read_toml, run_settings
 
     source = folder.spec_file
     try:
@@ -355,20 +355,20 @@ def _limit_fix(scope_why: str) -> str:
 
 def record_checks(agent_root: str) -> Iterator[Check]:
     """Background records that are not whole: set aside by a sweep, or not yet."""
-    from .detached import records
+    from .state import layout, records
 
     folder = agent_folder.locate(agent_root)
-    background = os.path.join(folder.files, "background")
-    aside = os.path.join(folder.state, records.BAD)
+    background = os.path.join(folder.files, layout.BACKGROUND)
+    aside = os.path.join(folder.state, layout.BAD)
     try:
-        set_aside = sorted(name[:-5] for name in os.listdir(aside) if name.endswith(".json"))
+        set_aside = sorted(name.removesuffix(layout.RECORD) for name in os.listdir(aside) if name.endswith(layout.RECORD))
     except OSError:
         set_aside = []
     for command_id in set_aside:
-        output = os.path.join(background, f"{command_id}.out")
+        output = os.path.join(background, layout.output_name(command_id))
         also = f" and its output {output}" if os.path.exists(output) else ""
         yield "warn", f"background command {command_id}: its record was not whole and is set aside in {aside}", \
-            f"look at {os.path.join(aside, command_id + '.json')}{also}, then delete them"
+            f"look at {os.path.join(aside, command_id + layout.RECORD)}{also}, then delete them"
     for command_id in records.ids(folder.state):
         try:
             records.load_strict(folder.state, command_id)

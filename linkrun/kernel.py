@@ -1,5 +1,5 @@
 """What `os` lacks for speaking to the kernel: a small kernel file read in
-one call, and the libc functions `os` has no wrapper for (`tee`,
+one call, a buffer written whole, and the libc functions `os` has no wrapper for (`tee`,
 `renameat2`, inotify's, `keyctl` through `syscall`), through ctypes, loaded at the first use, so a
 process that needs none never loads it. Stdlib only."""
 
@@ -12,6 +12,17 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
+    from collections.abc import Callable
+
+
+def write_all(fd: int, data: bytes, after_each: Callable[[], None] | None = None) -> None:
+    """All of `data`, however many writes it takes (a pipe or a signal may
+    cut one short); `after_each` runs after each write that moved bytes."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+        if after_each is not None:
+            after_each()
 
 
 def read_small(path: str, limit: int = 1 << 16) -> bytes | None:

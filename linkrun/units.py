@@ -1,10 +1,18 @@
 """Durations, sizes, times and exit statuses in words, for the tools' texts
-and the told message alike. Of ours it imports only `linkrun.processes.child`, the one
-signal namer; datetime only when a time is written (the supervisor's budget)."""
+and the told message alike. It imports nothing of ours; datetime only when a
+time is written (the supervisor's budget)."""
 
 from __future__ import annotations
 
-from .processes.child import signal_name
+import signal
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9; "signal 99" for a number no signal has."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def format_duration(seconds: float) -> str:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 from collections.abc import Callable, Mapping
 
+from . import logger
 from . import agent as agent_folder
 from . import doctor
-from .detached import filing, records
+from .state import filing, layout
 from .network import internet
 from .sandboxing import etcview, hostfacts, sandbox, seccomp
-from .messages.address import parse_address
-from .config import Flags, WayInFlags, parse_duration, parse_size, split_flags, way_in_flags
+from .address import parse_address
+from .config import Flags, WayInFlags, split_flags, way_in_flags
 from .invocation import typed
+from .spec import RUN_KEYS, read_toml, run_settings
 from .errors import LinkRunError, UsageError
 
 USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
@@ -66,64 +67,7 @@ runs programs, each call in a sandbox of its own.
 
 _VALUED = {"--agent", "--sandbox", "--spec", "--way-in", "--as", "--keyring", "--route"}
 
-# [tool.run] key → (serve's flag, kind)
-RUN_KEYS = {
-    "timeout": ("--timeout", "duration"),
-    "output": ("--output", "size"),
-    "background": ("--background", "count"),
-    "background_timeout": ("--background-timeout", "duration"),
-    "background_output": ("--background-output", "size"),
-    "background_keep": ("--background-keep", "duration"),
-    "background_per_day": ("--background-per-day", "count"),
-    "keep_output": ("--keep-output", "size"),
-    "keep_for": ("--keep-for", "duration"),
-    "keep_total": ("--keep-total", "size"),
-}
-
 HELP = _help()  # the embedded defaults are read here once; up reads them anyway
-
-
-def run_settings(spec: Mapping, source: str) -> dict[str, str]:
-    """The spec's `[tool.run]` over the embedded defaults → serve's flag values.
-
-    A duration or size may be a number (seconds, bytes) or text (`2m`, `16K`);
-    an unknown key is refused (a typo would silently keep a default)."""
-    run = spec.get("tool", {}).get("run", {}) if isinstance(spec.get("tool", {}), Mapping) else {}
-    if not isinstance(run, Mapping):
-        raise LinkRunError(f"{source}: [tool.run] is not a table")
-    unknown = sorted(set(run) - set(RUN_KEYS))
-    if unknown:
-        raise LinkRunError(f"{source}: [tool.run] has unknown key {unknown[0]!r}",
-                           f"[tool.run] takes {', '.join(RUN_KEYS)}")
-    base = sandbox.defaults()["run"]
-    values = {}
-    for key, (flag, kind) in RUN_KEYS.items():
-        value = run.get(key, base[key])
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise LinkRunError(f"{source}: [tool.run] {key} = {value!r} is neither a number nor text")
-        text = str(value)
-        try:
-            if kind == "duration":
-                parse_duration(key, text)
-            elif kind == "size":
-                parse_size(key, text)
-            elif not text.isdigit():
-                raise UsageError(f"{key} {text!r} is not a whole number of at least 0")
-        except UsageError as error:
-            raise LinkRunError(f"{source}: [tool.run] {error.message}", error.hint) from None
-        values[flag] = text
-    values["--hops"] = str(base["hops"])
-    return values
-
-
-def read_toml(path: str, what: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as error:
-        raise LinkRunError(f"cannot read the {what} {path}: {error.strerror}", "give a readable file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise LinkRunError(f"the {what} {path} is not valid TOML: {error}", "fix it") from None
 
 
 SANDBOX_FILE_HEADER = """\
@@ -225,9 +169,8 @@ def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.Sandbo
                       way_in: WayInFlags) -> None:
     """The proxy's settings file (a --route without hosts is said to change nothing)."""
     if route and not settings.hosts:
-        print("lnk-link-run up: --route changes nothing: the sandbox file's [internet] names no hosts",
-              file=sys.stderr)
-    if settings.hosts or os.path.exists(os.path.join(folder.state, records.PROXY_SETTINGS)):
+        logger.warning("--route changes nothing: the sandbox file's [internet] names no hosts")
+    if settings.hosts or os.path.exists(os.path.join(folder.state, layout.PROXY_SETTINGS)):
         # Also with no hosts: a proxy still kept by a background command follows the file.
         way_in_port = None
         if way_in.address:
@@ -306,6 +249,6 @@ def _say_to_a_terminal(argv: list[str], environ: Mapping[str, str]) -> None:
         return
     flags, _ = split_flags(argv, _VALUED, {"--no-way-in"}, set())  # checked already by the plan
     folder = agent_folder.locate(flags.get("--agent") or agent_folder.default_root(environ))
-    print(f"lnk-link-run up: this is an MCP server over stdio, waiting for a client on its input: start it from "
-          f"an MCP client (docs/clients.md). The agent's folder is {folder.root}, its sandbox file "
-          f"{folder.sandbox_file}; {typed('doctor')} checks the setup. Ctrl-D ends it.", file=sys.stderr, flush=True)
+    logger.info(f"this is an MCP server over stdio, waiting for a client on its input: start it from "
+                f"an MCP client (docs/clients.md). The agent's folder is {folder.root}, its sandbox file "
+                f"{folder.sandbox_file}; {typed('doctor')} checks the setup. Ctrl-D ends it.")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import RawServer, serve_argv, text_of, wait_for
 
-from linkrun.detached import records
+from linkrun.state import records
 
 META = {"link.local/thread": "conversation-1"}
 

@@ -286,7 +286,7 @@ def files(tmp_path: Path) -> Path:
 
 def stop_what_runs(state: Path, reason: str = "stopped") -> None:
     """Stop every background command still running under `state`, and wait for its supervisor to end."""
-    from linkrun.detached import records# here, not at the top: conftest loads before every test, most need none
+    from linkrun.state import records# here, not at the top: conftest loads before every test, most need none
 
     left = []
     for command_id in records.ids(str(state)):

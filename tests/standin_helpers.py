@@ -36,10 +36,10 @@ class WayIn:
                          for stream, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
         for reader in self._readers:
             reader.start()
-        line = wait_for(lambda: next((x for x in self.err if x.startswith("listening on ")), None)
+        line = wait_for(lambda: next((x for x in self.err if "listening on " in x), None)
                         or self.process.poll() is not None, what="the way in to listen")
         assert line is not True, f"the way in exited: {self.err}"
-        self.address = line.removeprefix("listening on ")
+        self.address = line.split("listening on ", 1)[1]
 
     @staticmethod
     def _read(stream, lines):

@@ -16,7 +16,7 @@ import pytest
 from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
 from conftest import SERVER, parent_of, pid_alive, serve_argv, text_of, wait_for
 
-from linkrun.detached import records
+from linkrun.state import layout, records
 
 OTHER = {"link.local/thread": "conversation-2"}
 
@@ -94,8 +94,8 @@ def test_a_record_removed_while_stop_waits_is_answered_as_unknown(bg, state):
     stopping = threading.Thread(target=lambda: answer.append(bg.call("stop", {"id": command_id}, meta=META)))
     stopping.start()
     # The program ignores the TERM: stop waits its two seconds of grace, and the record goes meanwhile.
-    wait_for(lambda: os.path.exists(records.path(state, command_id, records.STOP)), what="the stop file")
-    os.unlink(records.path(state, command_id, records.RECORD))
+    wait_for(lambda: os.path.exists(layout.path(state, command_id, layout.STOP)), what="the stop file")
+    os.unlink(layout.path(state, command_id, layout.RECORD))
     stopping.join()
     assert answer[0].get("isError") is True
     assert text_of(answer[0]).startswith(f"Refused: no command of this conversation's has id '{command_id}'")
@@ -158,7 +158,7 @@ def test_ten_megabytes_of_input_reach_a_background_command(bg, state):
     command_id = start(bg, program="sh", args=["-c", "wc -c"], input=data)
     assert wait_ended(state, command_id)["exit"] == 0
     assert read_all(bg, command_id).strip() == str(len(data)).encode()
-    assert not os.path.exists(records.path(str(state), command_id, ".in"))
+    assert not os.path.exists(layout.path(str(state), command_id, ".in"))
 
 
 def test_the_background_timeout_stops_it(servers, files, state):
@@ -374,9 +374,9 @@ def test_the_day_cap_counts_starts_and_says_when_a_place_frees(servers, files, s
 
 
 def test_starts_dated_ahead_by_a_clock_since_corrected_age_from_when_they_were_first_seen(servers, files, state):
-    records.ensure_state(str(state))
+    layout.ensure_state(str(state))
     two_days_ahead = time.time() + 2 * 86400  # written while the wall clock was two days ahead
-    (state / records.STARTS).write_text(f"{two_days_ahead:.3f}\n{two_days_ahead + 60:.3f}\n")
+    (state / layout.STARTS).write_text(f"{two_days_ahead:.3f}\n{two_days_ahead + 60:.3f}\n")
     server = servers(background_argv(files, state, per_day="2"))
     server.initialize()
 
@@ -387,7 +387,7 @@ def test_starts_dated_ahead_by_a_clock_since_corrected_age_from_when_they_were_f
 
     first_seen = time.time()
     first = frees_at()
-    assert all(float(line) <= time.time() for line in (state / records.STARTS).read_text().split())
+    assert all(float(line) <= time.time() for line in (state / layout.STARTS).read_text().split())
     assert abs(datetime.fromisoformat(first).timestamp() - (first_seen + 86400)) < 5, first  # a day from now
     second = int(time.time()) + 1
     wait_for(lambda: time.time() >= second, what="the next second of the wall clock")
@@ -420,8 +420,8 @@ def test_an_old_record_still_loads(tmp_path):
 def test_a_state_folder_on_a_network_filesystem_is_refused(tmp_path, files):
     mountinfo = (f"22 27 0:21 / / rw - ext4 /dev/sda1 rw\n"
                  f"40 22 0:50 / {tmp_path} rw - nfs4 server:/export rw\n")
-    assert records.filesystem_of(str(tmp_path / "state"), mountinfo) == "nfs4"
-    assert records.filesystem_of("/", mountinfo) == "ext4"
+    assert layout.filesystem_of(str(tmp_path / "state"), mountinfo) == "nfs4"
+    assert layout.filesystem_of("/", mountinfo) == "ext4"
     # And serve refuses to start on what this machine's mounts say, for a local one it starts.
     done = subprocess.run(background_argv(files, tmp_path / "state"), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=10)
@@ -430,7 +430,7 @@ def test_a_state_folder_on_a_network_filesystem_is_refused(tmp_path, files):
 
 def test_star_refuses_an_absolute_program_not_visible_in_the_sandbox(tmp_path):
     from linkrun.errors import Refused
-    from linkrun.processes.programs import Programs
+    from linkrun.sandboxing.programs import Programs
 
     tool = tmp_path / "tool"
     tool.write_text("#!/bin/sh\n")
@@ -453,7 +453,7 @@ def test_a_read_and_a_list_open_background_once_a_call(files, state, monkeypatch
     files_fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     background = Background(settings, lambda: files_fd)
     os.close(background.background_folder())
-    records.ensure_state(str(state))
+    layout.ensure_state(str(state))
     locks = []
     for _ in range(3):  # running, as its supervisor's held lock says
         command_id = records.new_id()
@@ -469,10 +469,10 @@ def test_a_read_and_a_list_open_background_once_a_call(files, state, monkeypatch
     monkeypatch.setattr(beneath, "open_folder", lambda fd, path: opened.append(path) or open_folder(fd, path))
     try:
         assert len(background.list(META)) == 3
-        assert opened == [records.BACKGROUND]
+        assert opened == [layout.BACKGROUND]
         opened.clear()
         background.read({"id": command_id, "wait": 0.3}, META)  # passes until its wait is over
-        assert opened == [records.BACKGROUND]
+        assert opened == [layout.BACKGROUND]
     finally:
         for fd in locks + [files_fd]:
             os.close(fd)

@@ -13,7 +13,7 @@ from background_helpers import META, start, wait_record
 from conftest import parent_of, SERVER, pid_alive, require_sandbox, stop_what_runs, wait_for
 from sandbox_helpers import Agent
 
-from linkrun.detached import records
+from linkrun.state import layout
 from linkrun.processes.spare import LOADER
 
 
@@ -100,13 +100,13 @@ def test_a_killed_supervisor_takes_the_whole_sandbox_with_it(up, box):
 
 def test_the_supervisor_loads_neither_the_server_nor_the_tools_nor_the_sandbox_builder(up, box):
     command_id = start(up, program="sh", args=["-c", "true"])
-    log = Path(records.path(state_of(box), command_id, ".log"))
+    log = Path(layout.path(state_of(box), command_id, ".log"))
     wait_for(lambda: log.exists() and "loaded" in log.read_text(), what="the supervisor's end")
     loaded = log.read_text().split("loaded ", 1)[1].split()
     for module in ("linkrun.front.server", "linkrun.front.tools", "linkrun.sandboxing.sandbox", "linkrun.up", "linkrun.network.proxy",
                    "linkrun.detached.background", "linkrun.front.protocol"):
         assert module not in loaded
-    assert "linkrun.detached.records" in loaded
+    assert "linkrun.state.records" in loaded
 
 
 def test_a_background_command_starts_quickly_enough_to_be_worth_it(up, box):

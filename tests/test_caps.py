@@ -14,7 +14,7 @@ import pytest
 from background_helpers import META, background_argv
 from conftest import SERVER, require_sandbox, text_of, wait_for
 
-from linkrun.detached import records
+from linkrun.state import records
 
 MAX_ARG_STRLEN = 128 * 1024  # Linux: one argument, its NUL included
 

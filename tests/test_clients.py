@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from conftest import LEGACY, MODERN, RawServer, serve_argv, text_of, wait_for
 
-from linkrun.detached import records
+from linkrun.state import records
 
 VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"

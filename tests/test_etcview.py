@@ -25,7 +25,7 @@ from conftest import clean_env, serve_argv, require_sandbox, spare_ready, text_o
 from up_harness import Up
 
 from linkrun import agent
-from linkrun.detached import filing, records
+from linkrun.state import filing, layout
 from linkrun.sandboxing import etcrule, etcview, sandbox
 
 
@@ -283,7 +283,7 @@ def test_every_call_after_a_change_was_heard_shows_it_while_another_copies_the_n
     view, and never gets the old one, nor a spare made from it."""
     require_sandbox()
     etc, state, server = serving_a_stand_in(tmp_path, servers)
-    lock = state / records.ETC_LOCK
+    lock = state / layout.ETC_LOCK
     got: dict[str, dict] = {}
     with filing.hold(str(lock)):
         (etc / "hostname").write_text("two\n")
@@ -307,7 +307,7 @@ def test_every_call_after_a_change_was_heard_shows_it_while_another_copies_the_n
 def test_with_nothing_changed_a_call_does_not_look_at_the_host_entries(tmp_path, servers):
     require_sandbox()
     _, state, server = serving_a_stand_in(tmp_path, servers)
-    lock = state / records.ETC_LOCK
+    lock = state / layout.ETC_LOCK
     an_hour_ago = time.time_ns() - 3600 * 10**9
     os.utime(lock, ns=(an_hour_ago, an_hour_ago))  # a look touches it
     assert "one" in cat(server, "/etc/hostname")
@@ -386,7 +386,7 @@ def test_a_file_bound_over_an_entry_and_written_elsewhere_reaches_a_call(tmp_pat
 
 def test_a_rebuild_that_failed_is_tried_again_at_the_next_call(tmp_path, servers):
     require_sandbox()
-    views = tmp_path / "agent" / "State" / records.ETC_VIEWS  # on a small filesystem of serve's own, filled below
+    views = tmp_path / "agent" / "State" / layout.ETC_VIEWS  # on a small filesystem of serve's own, filled below
     kept = tmp_path / "views"
     etc, _, server = serving_a_stand_in(tmp_path, servers, in_namespaces(
         f"cp -a {q(views)} {q(kept)}", f"mount -t tmpfs -o size=1m tmpfs {q(views)}", f"cp -a {q(kept)}/. {q(views)}",

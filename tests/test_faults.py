@@ -17,7 +17,7 @@ import pytest
 from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
 from conftest import parent_of, SERVER, stop_what_runs, text_of, wait_for
 
-from linkrun.detached import records
+from linkrun.state import records
 from linkrun.messages import told
 
 LINE = 16  # seq -f '%015.0f' prints 15 digits and a newline

@@ -39,26 +39,55 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def load_time_imports(path: Path) -> set[str]:
-    """The linkrun modules `path` imports when it is loaded: its top-level
-    imports, outside `if TYPE_CHECKING:` (an import in a function runs later)."""
-    here = module_name(path).split(".")
-    package = here if path.name == "__init__.py" else here[:-1]
-    found = set()
-    for node in ast.parse(path.read_text(), filename=str(path)).body:
-        if isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            names = [f"{target}.{alias.name}" for alias in node.names]
-            found.update(name if (PACKAGE.parent / name.replace(".", "/")).with_suffix(".py").exists()
-                         else target for name in names)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+def _target(node: ast.ImportFrom | ast.Import, package: list[str]) -> set[str]:
+    """The linkrun modules one import statement names (a package's module
+    when it imports one by name: `from ..state import records`)."""
+    if isinstance(node, ast.Import):
+        found = {alias.name for alias in node.names}
+    else:
+        base = package[: len(package) - node.level + 1] if node.level else []
+        target = ".".join(base + ([node.module] if node.module else []))
+        names = [f"{target}.{alias.name}" for alias in node.names]
+        found = {name if (PACKAGE.parent / name.replace(".", "/")).with_suffix(".py").exists() else target
+                 for name in names}
     return {name for name in found if name.split(".")[0] == "linkrun" and name != "linkrun"}
 
 
-def test_no_import_circle_in_the_package() -> None:
-    graph = {module_name(path): load_time_imports(path) for path in PACKAGE.rglob("*.py")}
+def _is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def imports_of(path: Path, *, lazy: bool = True, typing: bool = True) -> set[str]:
+    """The linkrun modules `path` imports: at load time (its top-level
+    imports); with `lazy`, those inside functions too (they run later, but
+    they are arrows all the same); with `typing`, those under
+    `if TYPE_CHECKING:` (never run: an arrow for the reader and mypy alone)."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+
+    def visit(body: list[ast.AST], top: bool) -> None:
+        for node in body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                if top or lazy:
+                    found.update(_target(node, package))
+            elif isinstance(node, ast.stmt) and _is_type_checking(node):
+                if typing:
+                    visit(list(node.body), top)
+            elif lazy:
+                visit(list(ast.iter_child_nodes(node)), False)
+
+    visit(list(ast.parse(path.read_text(), filename=str(path)).body), True)
+    return found
+
+
+def load_time_imports(path: Path) -> set[str]:
+    """The linkrun modules `path` imports when it is loaded: its top-level
+    imports, outside `if TYPE_CHECKING:` (an import in a function runs later)."""
+    return imports_of(path, lazy=False, typing=False)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     circles = []
 
     def visit(name: str, trail: list[str]) -> None:
@@ -70,7 +99,60 @@ def test_no_import_circle_in_the_package() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+    return circles
+
+
+def test_no_import_circle_in_the_package() -> None:
+    """Lazy imports included: one in a function is an arrow all the same. A
+    type-only import (`if TYPE_CHECKING:`) never runs, so it makes no circle."""
+    graph = {module_name(path): imports_of(path, typing=False) for path in PACKAGE.rglob("*.py")}
+    circles = _circles(graph)
     assert not circles, f"import circles: {circles[:3]}"
+
+
+# Which package may import which: each floor imports its own and the floors
+# below it, never one above (lazy and type-only imports included). Top to
+# bottom; CONTRIBUTING.md says the same in one line (checked below).
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("commands", ("cli", "__main__", "up", "doctor", "sandbox_command", "spec")),  # what a person runs, and what only they share
+    ("front", ("front",)),  # the MCP session and the tool layer
+    ("detached", ("detached",)),  # background commands: start, the supervisor, the sweep
+    ("messages", ("messages",)),  # the told message and its sending
+    ("processes", ("processes",)),  # a process group run and watched, for a call and a supervisor
+    ("sandboxing", ("sandboxing",)),  # the sandbox's argv, its launch, its limits
+    ("network", ("network",)),  # the agent's internet
+    ("state", ("state",)),  # the state folder's contract
+    ("ground", ("__init__", "config", "errors", "units", "kernel", "invocation", "agent", "address", "logger")),
+)
+
+# Arrows allowed against the floors, each with its reason. Empty: add one only
+# with a sentence that says why no better place exists.
+UPWARD: dict[tuple[str, str], str] = {}
+
+
+def floor_of(module: str) -> int:
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else "__init__"
+    for number, (_, members) in enumerate(FLOORS):
+        if name in members:
+            return number
+    raise AssertionError(f"{module} is on no floor of test_layout.FLOORS: give it one")
+
+
+def test_each_package_imports_only_below_it() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = module_name(path)
+        for imported in sorted(imports_of(path)):
+            if floor_of(imported) < floor_of(here) and (here, imported) not in UPWARD:
+                upward.append(f"{here} ({FLOORS[floor_of(here)][0]}) imports {imported} "
+                              f"({FLOORS[floor_of(imported)][0]})")
+    assert not upward, "imports against the floors (test_layout.FLOORS):\n" + "\n".join(upward)
+
+
+def test_contributing_names_the_floors_in_their_order() -> None:
+    line = "Floors, top to bottom: " + " > ".join(f"`{name}`" for name, _ in FLOORS)
+    assert line in (TESTS.parent / "CONTRIBUTING.md").read_text(), f"CONTRIBUTING.md should say: {line}"
 
 
 def test_the_module_table_names_every_module_under_its_package() -> None:

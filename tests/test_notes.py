@@ -17,7 +17,7 @@ import pytest
 from conftest import SERVER, RawServer, require_sandbox, serve_argv, text_of, wait_for
 from sandbox_helpers import Agent
 
-from linkrun.detached import records
+from linkrun.state import records
 
 META = {"link.local/thread": "conversation-notes"}
 

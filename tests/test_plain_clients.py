@@ -17,7 +17,7 @@ import pytest
 from background_helpers import wait_ended, wait_running
 from conftest import parent_of, serve_argv, text_of, wait_for
 
-from linkrun.detached import records
+from linkrun.state import records
 
 CODEX = {"threadId": "019c22a7-5e1b-7c30-9a41-0d2f6f1b8e55"}
 OTHER_CODEX = {"threadId": "019c22a7-0000-7000-8000-000000000000"}

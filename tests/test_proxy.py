@@ -21,7 +21,7 @@ import pytest
 from conftest import SERVER, clean_env, require_sandbox, wait_for
 
 from linkrun.network import internet, peers, proxy, rules
-from linkrun.detached import records
+from linkrun.state import layout
 from linkrun.sandboxing import launch
 
 
@@ -124,7 +124,7 @@ def test_a_host_not_named_gets_a_403_naming_the_allowed_hosts_and_is_recorded(si
 
 def test_a_refusal_that_cannot_be_logged_still_gets_its_403_and_bad_requests_a_400(site, run_proxy):
     state = run_proxy("example.org")
-    os.mkdir(os.path.join(state, records.PROXY_REFUSED))  # the log cannot be written, as on a full disk
+    os.mkdir(os.path.join(state, layout.PROXY_REFUSED))  # the log cannot be written, as on a full disk
     assert tunnel_get(state, "127.0.0.2", site).startswith(b"HTTP/1.1 403")
     assert internet.refused(state, 0) == []
     for request, says in ((b"NONSENSE\r\n\r\n", b"METHOD TARGET VERSION"),

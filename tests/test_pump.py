@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from linkrun.detached import records
+from linkrun.state import layout, records
 from linkrun.detached.outfile import OutputFile
 
 CAP = 1 << 20
@@ -68,14 +68,14 @@ def pipe_through(write_end: int, read_end: int, output: OutputFile, data: bytes)
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
-    (tmp_path / "files" / records.BACKGROUND).mkdir(parents=True)
+    (tmp_path / "files" / layout.BACKGROUND).mkdir(parents=True)
     return tmp_path / "files"
 
 
 def test_a_rotation_leaves_the_kept_half_in_memory_not_forced_to_disk(files: Path) -> None:
     # A rotation renamed the copy over the old file; on ext4 a rename over a
     # file writes the new one to disk at once, though the next rotation frees it.
-    background = files / records.BACKGROUND
+    background = files / layout.BACKGROUND
     if not delays_allocation(background):
         pytest.skip("this filesystem chooses blocks at each write (no delayed allocation to keep)")
     output, rotations = pump_through(files, 2 * CAP + 4096)
@@ -95,10 +95,10 @@ def test_rotations_leave_one_file_with_the_newest_bytes(files: Path) -> None:
     # Four cuts at twice the cap; a fifth, finish's, when a read happened to
     # end right at the fourth's point and the last 123 bytes came after it.
     assert len(rotations) in (4, 5), rotations
-    assert sorted(os.listdir(files / records.BACKGROUND)) == [output.name]  # nothing swapped out is left
-    assert os.stat(files / records.BACKGROUND / output.name).st_size == CAP
+    assert sorted(os.listdir(files / layout.BACKGROUND)) == [output.name]  # nothing swapped out is left
+    assert os.stat(files / layout.BACKGROUND / output.name).st_size == CAP
     assert (output.total, output.kept_from) == (5 * CAP + 123, 4 * CAP + 123)
-    assert os.stat(files / records.BACKGROUND / output.name).st_ino == rotations[-1]["inode"]
+    assert os.stat(files / layout.BACKGROUND / output.name).st_ino == rotations[-1]["inode"]
 
 
 def test_a_rotation_after_the_file_was_removed_by_hand_puts_the_kept_half_in_its_place(files: Path) -> None:
@@ -107,12 +107,12 @@ def test_a_rotation_after_the_file_was_removed_by_hand_puts_the_kept_half_in_its
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         pipe_through(write_end, read_end, output, b"a" * CAP)
-        os.unlink(files / records.BACKGROUND / output.name)
+        os.unlink(files / layout.BACKGROUND / output.name)
         pipe_through(write_end, read_end, output, b"b" * CAP)  # at twice the cap: a rotation
     finally:
         os.close(write_end)
         os.close(read_end)
     output.finish()
     assert len(rotations) == 1
-    assert (files / records.BACKGROUND / output.name).read_bytes() == b"b" * CAP
-    assert sorted(os.listdir(files / records.BACKGROUND)) == [output.name]
+    assert (files / layout.BACKGROUND / output.name).read_bytes() == b"b" * CAP
+    assert sorted(os.listdir(files / layout.BACKGROUND)) == [output.name]

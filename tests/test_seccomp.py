@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import SYSTEM_PATH, require_sandbox
 
-from linkrun.detached import records
+from linkrun.state import layout
 from linkrun.sandboxing import seccomp
 
 TEST_USER = "lnk-seccomp-test"
@@ -252,7 +252,7 @@ def test_ensure_writes_the_file_whole_once_and_again_only_when_it_differs(tmp_pa
         os.umask(old_umask)
     if path is None:
         pytest.skip(f"no seccomp filter for {machine()}")
-    assert path == str(tmp_path / records.SECCOMP)
+    assert path == str(tmp_path / layout.SECCOMP)
     first = os.stat(path)
     assert first.st_mode & 0o777 == 0o644
     assert Path(path).read_bytes() == seccomp.program()
@@ -264,7 +264,7 @@ def test_ensure_writes_the_file_whole_once_and_again_only_when_it_differs(tmp_pa
     assert seccomp.ensure(str(tmp_path)) == path
     assert Path(path).read_bytes() == seccomp.program()
     assert os.stat(path).st_ino != stale.st_ino  # replaced by a rename, never rewritten in place
-    assert sorted(p.name for p in tmp_path.iterdir()) == [records.SECCOMP]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [layout.SECCOMP]
 
 
 # -- the filter, in a real sandbox -----------------------------------------------------------------

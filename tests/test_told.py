@@ -15,7 +15,7 @@ from conftest import parent_of, stop_what_runs, SERVER, clean_env, pid_alive, se
 from standin_helpers import WayIn as StandIn
 from standin_helpers import output_block
 
-from linkrun.detached import records
+from linkrun.state import layout, records
 
 META = {"link.local/thread": "conversation-1", "link.local/hops": 1}
 AGENT = "test-agent"
@@ -241,7 +241,7 @@ def test_a_supervisor_killed_mid_send_is_sent_again_and_delivered_once(servers, 
 
 def supervisor_of_record(state, record) -> int:
     # The supervisor's pid is in its log's lines? No: find the process holding the lock.
-    lock = records.path(str(state), record["id"], ".lock")
+    lock = layout.path(str(state), record["id"], ".lock")
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -279,7 +279,7 @@ def test_a_killed_supervisor_is_swept_lost_its_leftovers_killed_and_told_once(se
 def test_a_group_that_now_belongs_to_a_stranger_is_not_killed(state, tmp_path, files):
     stranger = subprocess.Popen(["sleep", "100"], process_group=0)
     try:
-        records.ensure_state(str(state))
+        layout.ensure_state(str(state))
         for leader_start, boot in ((1, records.boot_id()), (records.process_start(stranger.pid), "another-boot")):
             command_id = records.new_id()
             lock = records.create_lock(str(state), command_id)
@@ -299,7 +299,7 @@ def test_a_group_that_now_belongs_to_a_stranger_is_not_killed(state, tmp_path, f
 
 
 def test_a_starting_record_whose_supervisor_died_is_failed_to_start(state, files):
-    records.ensure_state(str(state))
+    layout.ensure_state(str(state))
     command_id = records.new_id()
     os.close(records.create_lock(str(state), command_id))
     records.write(str(state), command_id, {"v": 1, "id": command_id, "files": str(files), "state": "starting",
@@ -318,14 +318,14 @@ def test_records_past_their_keep_are_removed_with_their_output(servers, files, s
     wait_for(lambda: not records.is_held(str(state), command_id), what="the supervisor to exit")
     output = files / "background" / f"{command_id}.out"
     assert output.exists()
-    wait_for(lambda: sweep(state) and records.path(str(state), command_id, ".json") not in map(str, state.iterdir()),
+    wait_for(lambda: sweep(state) and layout.path(str(state), command_id, ".json") not in map(str, state.iterdir()),
              timeout=10, interval=0.3, what="the record to be removed")
     assert not output.exists()
     assert not [p for p in state.iterdir() if p.name.startswith(command_id)]
 
 
 def test_a_record_ended_ahead_by_a_clock_since_corrected_is_removed_its_keep_after_first_seen(state, files):
-    records.ensure_state(str(state))
+    layout.ensure_state(str(state))
     command_id = records.new_id()
     os.close(records.create_lock(str(state), command_id))
     two_days_ahead = time.time() + 2 * 86400  # written while the wall clock was two days ahead
@@ -466,7 +466,7 @@ def test_a_sweep_wakes_a_supervisor_backing_off_and_it_tells_at_once(servers, fi
     wait_record(state, command_id, lambda r: r["told"] == "told", "told")
     assert answered(busy, "503") == tries  # tried where the sweep said, not at the old address again
     wait_for(lambda: not records.is_held(str(state), command_id), what="the supervisor to exit")
-    assert not os.path.exists(records.path(str(state), command_id, ".wake"))
+    assert not os.path.exists(layout.path(str(state), command_id, ".wake"))
 
 
 def test_a_sweeps_wake_is_kept_until_the_retry_after_ends_then_acted_on_at_once(servers, files, state, keyring,

@@ -17,14 +17,14 @@ import os
 from conftest import SERVER, require_sandbox, text_of
 from sandbox_helpers import Agent, outer_sandbox
 
-from linkrun.detached import records
+from linkrun.state import layout
 
 NO_WAY_IN = ["--no-way-in"]
 
 
 def hold_the_etc_view(box: Agent) -> int:
     """The agent's /etc view lock, taken as a rebuilding serve holds it: `up`'s checks wait for it."""
-    fd = os.open(box.root / "State" / records.ETC_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(box.root / "State" / layout.ETC_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from conftest import LEGACY, SERVER, SYSTEM_PATH, RawServer, stop_what_runs, text_of, wait_for
 from leak_helpers import marker_env
 
-from linkrun.detached import records
+from linkrun.state import records
 from linkrun.sandboxing.launch import JOIN
 
 TESTER = "lnk-tester"

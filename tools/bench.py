@@ -465,7 +465,7 @@ def told(files: str):
     # 1,000 ended records: a sweep of them, and serve's start beside them.
     big = tempfile.mkdtemp(prefix="state-", dir=scratch)
     sys.path.insert(0, str(REPO))
-    from linkrun.detached import records
+    from linkrun.state import records
 
     for _ in range(1000):
         command_id = records.new_id()

@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from . import filing, records
+from ..state import filing, layout, records
 from ..errors import Refused
 from ..units import local_time
 
@@ -23,7 +23,7 @@ STARTS_KEPT = 64 * 1024  # bytes of `starts` past which its old lines are droppe
 @contextlib.contextmanager
 def start_lock(state: str) -> Iterator[None]:
     """The state folder's start lock, held while the block runs; it names its holder."""
-    path = os.path.join(state, records.START_LOCK)
+    path = os.path.join(state, layout.START_LOCK)
     try:
         with filing.hold(path, wait=START_LOCK_WAIT) as fd:
             os.ftruncate(fd, 0)
@@ -59,7 +59,7 @@ def count_start(state: str, when: float) -> int:
     """Append a start to `starts` (under start.lock); returns the file's
     size before it, for `uncount_start`. Now and then the lines older
     than a day are dropped first, so the file stays small."""
-    path = os.path.join(state, records.STARTS)
+    path = os.path.join(state, layout.STARTS)
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
@@ -76,7 +76,7 @@ def count_start(state: str, when: float) -> int:
 def uncount_start(state: str, before: int) -> None:
     """Take back the start `count_start` just added (still under start.lock):
     a spawn that failed ran nothing."""
-    os.truncate(os.path.join(state, records.STARTS), before)
+    os.truncate(os.path.join(state, layout.STARTS), before)
 
 
 def starts_since(state: str, since: float) -> list[float]:
@@ -84,7 +84,7 @@ def starts_since(state: str, since: float) -> list[float]:
     in the future was written while the wall clock was ahead: it is dated
     now the first time it is seen, in the file too, and ages from then (at
     each check as now, it would hold its place until the clock reached it)."""
-    path = os.path.join(state, records.STARTS)
+    path = os.path.join(state, layout.STARTS)
     now = records.now()
     try:
         with open(path) as f:

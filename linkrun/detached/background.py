@@ -16,13 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from . import admission, filing, outfile, records
+from .. import logger
+from . import admission, outfile
 from .. import config
 from ..sandboxing import beneath
+from ..state import layout, records
 from .outfile import ReadChunk
 from .watch import Watcher
 from ..config import Serve
 from ..errors import LinkRunError, Refused
+from ..kernel import write_all
 from ..processes.runner import Request
 from ..units import local_time
 
@@ -77,7 +80,7 @@ class Background:
         self.b = background_settings(settings)
         self.state = self.b.state
         self.files_fd = files_fd_getter
-        self.watcher = Watcher((self.state, os.path.join(settings.files, records.BACKGROUND)))
+        self.watcher = Watcher((self.state, os.path.join(settings.files, layout.BACKGROUND)))
         self.supervisor_argv: list[str] | None = None  # found at the first start
         self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
 
@@ -94,9 +97,9 @@ class Background:
                           "a command started by a told message may not start more: run it with command instead")
         background_fd = self.background_folder()
         os.close(background_fd)
-        records.ensure_state(self.state)
+        layout.ensure_state(self.state)
         with admission.start_lock(self.state):
-            if os.path.exists(os.path.join(self.state, records.REMOVED)):
+            if os.path.exists(os.path.join(self.state, layout.REMOVED)):
                 raise Refused("this agent is being removed", "no command can start any more")
             admission.check_caps(self.state, self.b.running, self.b.per_day)
             # 2. The lock first, so no sweep ever sees a new record with a free lock.
@@ -113,7 +116,7 @@ class Background:
                 try:
                     records.write(self.state, command_id, record)
                     if request.input:
-                        _write_new(records.path(self.state, command_id, records.INPUT), request.input)
+                        _write_new(layout.path(self.state, command_id, layout.INPUT), request.input)
                 except OSError as problem:
                     self.forget(command_id)  # we still hold its lock: nothing of it stays
                     raise LinkRunError(f"cannot write the command's record in the state folder {self.state}: "
@@ -130,14 +133,14 @@ class Background:
                 record.update(state=records.State.FAILED_TO_START, ended=records.now(), told=records.Told.TOLD)
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
-                                   f"its log is {records.path(self.state, command_id, records.LOG)}")
+                                   f"its log is {layout.path(self.state, command_id, layout.LOG)}")
         return command_id
 
     def forget(self, command_id: str) -> None:
         """A start cut short before its supervisor: its files, the lock last (the caller holds it)."""
-        for suffix in (records.RECORD, records.INPUT, records.LOG, records.LOCK):
+        for suffix in (layout.RECORD, layout.INPUT, layout.LOG, layout.LOCK):
             try:
-                os.unlink(records.path(self.state, command_id, suffix))
+                os.unlink(layout.path(self.state, command_id, suffix))
             except FileNotFoundError:
                 pass
 
@@ -146,11 +149,11 @@ class Background:
         files_fd = self.files_fd()
         if create:
             try:
-                os.mkdir(records.BACKGROUND, 0o755, dir_fd=files_fd)
+                os.mkdir(layout.BACKGROUND, 0o755, dir_fd=files_fd)
             except FileExistsError:
                 pass
         try:
-            return beneath.open_folder(files_fd, records.BACKGROUND)
+            return beneath.open_folder(files_fd, layout.BACKGROUND)
         except beneath.NotBeneath as problem:
             raise Refused(f"the files folder's background/ {problem.why}",
                           "background commands need background/ to be a folder of the files folder; "
@@ -161,14 +164,14 @@ class Background:
         s, b = self.settings, self.b
         return records.new_record(
             command_id, argv=list(s.sandbox), write=list(s.write),
-            proxy=os.path.join(self.state, records.PROXY_FOLDER) if s.proxy else None, seccomp=s.seccomp,
+            proxy=os.path.join(self.state, layout.PROXY_FOLDER) if s.proxy else None, seccomp=s.seccomp,
             files=s.files, folder=request.folder, program=arguments["program"], args=list(request.args),
             program_argv=argv_tail, timeout=b.timeout, output=s.output, background_output=b.output,
             keep=b.keep, way_in=b.way_in, agent=b.agent, keyring=b.keyring, thread=thread, hops=hops,
             limits=s.limits.as_record() if s.limits is not None else None)
 
     def spawn_supervisor(self, command_id: str, lock_fd: int) -> int:
-        log = os.open(records.path(self.state, command_id, records.LOG),
+        log = os.open(layout.path(self.state, command_id, layout.LOG),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             if self.supervisor_argv is None:
@@ -182,7 +185,7 @@ class Background:
                 start_new_session=True, close_fds=True, cwd="/",
             )
         except OSError as problem:
-            print(f"lnk-link-run serve: cannot start a supervisor: {problem}", file=sys.stderr)
+            logger.warning(f"cannot start a supervisor: {problem}")
             return 127
         finally:
             os.close(log)
@@ -217,7 +220,7 @@ class Background:
             sweeper = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        start_new_session=True, close_fds=True, cwd="/")
         except OSError as problem:
-            print(f"lnk-link-run serve: cannot start a sweep: {problem}", file=sys.stderr)
+            logger.warning(f"cannot start a sweep: {problem}")
             return
         sweeper.wait()  # on this thread, so it is reaped; it outlives serve if serve exits first
 
@@ -245,7 +248,7 @@ class Background:
                 try:
                     self.sweep_one(command_id)
                 except OSError as problem:  # a full state folder: the next sweep mends it
-                    print(f"lnk-link-run serve: cannot sweep {command_id} now: {problem}", file=sys.stderr)
+                    logger.warning(f"cannot sweep {command_id} now: {problem}")
                 record = records.load(self.state, command_id) or record
             own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)
@@ -369,6 +372,6 @@ class Background:
 def _write_new(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        filing.write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import records
+from ..state import layout, records
 from ..kernel import last_errno, libc
 from ..processes.capture import utf8_head, utf8_tail
 from ..errors import LinkRunError, Refused
@@ -43,7 +43,7 @@ def open_background(files: str) -> int:
     """The files folder's `background/`, opened without following a link."""
     files_fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return os.open(records.BACKGROUND, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=files_fd)
+        return os.open(layout.BACKGROUND, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=files_fd)
     finally:
         os.close(files_fd)
 
@@ -58,10 +58,23 @@ def kept_from_of(record: dict, inode: int) -> int | None:
     return None
 
 
+def last_bytes(record: dict) -> bytes:
+    """The end of the command's output for the told message (the record's `output` // 2 bytes)."""
+    fd = _output_of(record)
+    if fd is None:
+        return b""
+    want = max(0, int(record.get("output") or 0) // 2)
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, min(want, size), max(0, size - want))
+    finally:
+        os.close(fd)
+
+
 def open_output(folder_fd: int, command_id: str) -> int | None:
     """`<id>.out` for reading, never through a link (ELOOP); None when there is none."""
     try:
-        return os.open(records.output_name(command_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+        return os.open(layout.output_name(command_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
     except FileNotFoundError:
         return None
 
@@ -69,22 +82,27 @@ def open_output(folder_fd: int, command_id: str) -> int | None:
 def measure(record: dict) -> tuple[int, int, int] | None:
     """(inode, kept_from, size) of a command's output file as its record
     names it, or None; for a record no supervisor writes any more."""
-    try:
-        folder = open_background(record["files"])
-    except OSError:
-        return None
-    try:
-        fd = open_output(folder, record["id"])
-    except OSError:
-        fd = None
-    finally:
-        os.close(folder)
+    fd = _output_of(record)
     if fd is None:
         return None
     try:
         return _placed(fd, record)
     finally:
         os.close(fd)
+
+
+def _output_of(record: dict) -> int | None:
+    """A command's output file for reading, by its record; None when there is none, or it is a link."""
+    try:
+        folder = open_background(record["files"])
+    except OSError:
+        return None
+    try:
+        return open_output(folder, record["id"])
+    except OSError:  # a link (ELOOP): never followed
+        return None
+    finally:
+        os.close(folder)
 
 
 class OutputFile:
@@ -111,7 +129,7 @@ class OutputFile:
     def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[dict], None],
                log: Callable[[str], None] = lambda text: None) -> OutputFile:
         folder_fd = open_background(files)
-        name = records.output_name(command_id)
+        name = layout.output_name(command_id)
         try:
             fd = os.open(name, OPEN_NEW, 0o644, dir_fd=folder_fd)
         except BaseException:
@@ -217,7 +235,7 @@ class OutputFile:
         """Steps (a) to (e): a new file holding the newest `keep` bytes takes the
         old one's place. False, with nothing changed, when it cannot."""
         keep = min(keep, self.size)
-        next_name = self.name + ".next"  # records.next_output_name
+        next_name = self.name + ".next"  # layout.next_output_name
         try:
             _unlink(next_name, self.folder_fd)  # what a rotation cut short left
             new_fd = os.open(next_name, OPEN_NEW, 0o644, dir_fd=self.folder_fd)  # (a)
@@ -383,7 +401,7 @@ def _look(folder_fd: int, state: str, command_id: str) -> Look | None:
         fd = open_output(folder_fd, command_id)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise Refused(f"background/{command_id}.out is a link, which is never followed",
+            raise Refused(f"{layout.shown_output(command_id)} is a link, which is never followed",
                           "the output is not readable") from None
         raise
     try:

@@ -24,14 +24,16 @@ import sys
 import threading
 import time
 
-from . import records
-from .records import AGENT_STOPPING, State, Told
-from ..processes.child import boottime, kill_group, signal_name
+from .. import logger
+from ..state import layout, records
+from ..state.records import AGENT_STOPPING, State, Told
+from ..processes.child import boottime, kill_group
+from ..units import signal_name
 from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch, grow_pipe
 from ..config import Limits
 from ..sandboxing.launch import Launch, Sandbox, prepare
-from .outfile import OutputFile
+from .outfile import OutputFile, last_bytes
 
 WATCH_PENDING = 0.01
 TERM_GRACE = 2.0  # from the SIGTERM of a stop to the SIGKILL
@@ -55,8 +57,9 @@ def main(argv: list[str]) -> int:
 
 
 def supervise(command_id: str, state: str) -> int:
+    logger.start(f"supervise {command_id}")  # its stderr is its own log: never quiet
     if not records.ID.fullmatch(command_id):
-        print(f"supervise: {command_id!r} is not a command id", file=sys.stderr)
+        logger.error(f"{command_id!r} is not a command id")
         return 2
     return Supervisor(command_id, os.path.abspath(state)).run()
 
@@ -65,7 +68,7 @@ class Supervisor:
     def __init__(self, command_id: str, state: str) -> None:
         self.id = command_id
         self.state = state
-        self.stop_path = records.path(state, command_id, records.STOP)
+        self.stop_path = layout.path(state, command_id, layout.STOP)
         self.stopped_for: str | None = None  # the stop file's reason, once read
         self.record: dict = {}
         self.lock_fd = -1
@@ -94,7 +97,7 @@ class Supervisor:
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: a check, not a wait
         record = records.load(self.state, self.id)
         if record is None:
-            self.log("no record: nothing to supervise")
+            logger.error("no record: nothing to supervise")
             return 1
         self.record = record
 
@@ -116,9 +119,9 @@ class Supervisor:
         # step 4 looks before `G`).
         try:
             self.output = OutputFile.create(record["files"], self.id, record["background_output"],
-                                            on_rotate=self.rotated, log=self.log)
+                                            on_rotate=self.rotated, log=logger.info)
         except OSError as problem:
-            self.log(f"cannot create the output file: {problem}")
+            logger.warning(f"cannot create the output file: {problem}")
             return self.finish(State.FAILED_TO_START, None, None)
 
         if os.path.exists(self.stop_path):
@@ -133,13 +136,13 @@ class Supervisor:
             try:
                 Users(self.state).ensure()
             except (LinkRunError, OSError) as problem:
-                self.log(f"no internet for this command: {problem}")
+                logger.warning(f"no internet for this command: {problem}")
 
         # 3. The gate, from this (main) thread: its death signal follows this thread.
         try:
             self.spawn_gate()
         except Exception as problem:  # OSError, or a link planted on its folders since start
-            self.log(f"nothing ran: {problem}")
+            logger.warning(f"nothing ran: {problem}")
             if self.launch is not None:
                 self.launch.close()  # and its cgroup, which nothing joined
             return self.finish(State.FAILED_TO_START, None, None)
@@ -155,7 +158,7 @@ class Supervisor:
             # A failure of ours must not leave the command running unwatched.
             import traceback  # only here: it costs a start what it never needs
 
-            self.log("failed while it ran; killing its group:\n" + traceback.format_exc())
+            logger.error("failed while it ran; killing its group:\n" + traceback.format_exc())
             self.leader.kill()  # done already if the watch itself failed
             self.gate.wait()
             self.end_cgroup()
@@ -185,17 +188,17 @@ class Supervisor:
         try:
             self.leader.sandbox_init = self.launch.init_pidfd()
         except LinkRunError as problem:  # the program's limits could not be set: its init is killed
-            self.log(f"nothing ran: {problem}")
+            logger.warning(f"nothing ran: {problem}")
             self.leader.kill()
             return self.nothing_ran(State.FAILED_TO_START)
         if self.launch.no_internet:
-            self.log(f"no internet for this command: {self.launch.no_internet}")
+            logger.warning(f"no internet for this command: {self.launch.no_internet}")
         if self.launch.init_pid is not None:  # found with its pidfd
             record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
             try:
                 records.write(self.state, self.id, record)
             except OSError as problem:  # the pipe must not wait: the next write of the record carries it
-                self.log(f"cannot record the sandbox's init yet: {problem}")
+                logger.warning(f"cannot record the sandbox's init yet: {problem}")
         return None
 
     def nothing_ran(self, state: str) -> int:
@@ -214,11 +217,11 @@ class Supervisor:
             from .watch import watch_paths  # here, on the watch thread: it loads watchdog
 
             # The stop file, and a sweep's wake file while we tell (§4).
-            watched = (self.stop_path, records.path(self.state, self.id, records.WAKE))
+            watched = (self.stop_path, layout.path(self.state, self.id, layout.WAKE))
             self.observer = watch_paths(self.state, watched, self.wake_for_stop)
             self.poll_every = None
         except OSError as problem:  # inotify instances or watches ran out
-            self.log(f"cannot watch the state folder ({problem}); checking for a stop every 250 ms")
+            logger.warning(f"cannot watch the state folder ({problem}); checking for a stop every 250 ms")
             self.poll_every = 0.25
         try:
             os.write(self.wake_w, b"w")  # the loop looks for the stop file once more
@@ -257,7 +260,7 @@ class Supervisor:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         self.out_r = out_r
         grow_pipe(out_r)
-        input_path = records.path(self.state, self.id, records.INPUT)
+        input_path = layout.path(self.state, self.id, layout.INPUT)
         try:
             stdin = os.open(input_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -287,18 +290,18 @@ class Supervisor:
     def loop(self) -> int:
         assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
         assert self.output is not None  # step 2 made it
-        watch = Watch(self.leader, self.began + self.record["timeout"], log=self.log,
+        watch = Watch(self.leader, self.began + self.record["timeout"], log=logger.info,
                       stages=(Stage("SIGTERM to the program's session", self.terminate, TERM_GRACE),))
         watch.drain(self.out_r, self.output.pump)
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
         from ..sandboxing.gitcheck import Meanwhile  # the git check while the program runs too
         watch.run(self.look_for_a_stop if self.launch.git is None else
-                  Meanwhile(self.launch.git, [], self.look_for_a_stop, lambda note: self.log(f"git check: {note}")))
+                  Meanwhile(self.launch.git, [], self.look_for_a_stop, lambda note: logger.warning(f"git check: {note}")))
         self.gate.wait()
         self.end_cgroup()
         self.launch.close()  # with the git check: every process of the sandbox has ended
         for note in self.launch.git_notes:
-            self.log(f"git check: {note}")
+            logger.warning(f"git check: {note}")
         os.close(self.out_r)
         self.output.finish()
         ending = watch.ending
@@ -393,7 +396,7 @@ class Supervisor:
                 if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 if pause == FULL_RETRY_FIRST:
-                    self.log(f"the state folder is full ({error.strerror}): the record waits for room")
+                    logger.warning(f"the state folder is full ({error.strerror}): the record waits for room")
             time.sleep(pause)
             pause = min(2 * pause, FULL_RETRY_MOST)
 
@@ -409,10 +412,10 @@ class Supervisor:
         try:
             self.save(record)
         except OSError as problem:  # the state folder is gone (removed): nothing to record in
-            self.log(f"cannot record the end: {problem}")
+            logger.error(f"cannot record the end: {problem}")
             os.close(self.lock_fd)
             return 1
-        self.log(f"ended: {state}, exit {exit_code}, signal {record['signal']}, {record.get('bytes', 0)} bytes")
+        logger.info(f"ended: {state}, exit {exit_code}, signal {record['signal']}, {record.get('bytes', 0)} bytes")
         # A lost command (the agent or its service stopping) is told by the
         # sweep when the agent is back, not now.
         if record["told"] == Told.UNTOLD and state != State.LOST:
@@ -422,7 +425,7 @@ class Supervisor:
         os.close(self.lock_fd)
         # What this process loaded of ours, for the log (and a test that keeps it small).
         ours = sorted(name for name in sys.modules if name.startswith("linkrun."))
-        self.log("loaded " + " ".join(ours))
+        logger.info("loaded " + " ".join(ours))
         if self.watching.is_alive():
             self.watching.join()
         if self.observer is not None:
@@ -433,7 +436,7 @@ class Supervisor:
         """Step 9: tell the conversation through the way in (§4)."""
         from ..messages import telling
 
-        telling.tell_from_supervisor(self.state, self.id, self.record, self.log, self.wake_r,
+        telling.tell_from_supervisor(self.state, self.id, self.record, logger.info, last_bytes, self.wake_r,
                                      stopping=lambda: self.signalled is not None, poll_every=self.wake_poll)
 
     def wake_poll(self) -> float | None:
@@ -443,10 +446,3 @@ class Supervisor:
         if self.watching.ident is None:
             return 0.25  # never started: the command did not run
         return None if self.poll_every == WATCH_PENDING else self.poll_every
-
-    def log(self, text: str) -> None:
-        try:
-            print(f"supervise {self.id}: {text}", file=sys.stderr, flush=True)
-        except OSError:
-            pass  # the log's disk is full: the record matters more
-

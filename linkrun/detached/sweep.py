@@ -12,13 +12,13 @@ import fcntl
 import os
 import shutil
 import signal
-import sys
 import time
 
-from . import filing, records
+from .. import logger
+from ..state import filing, layout, records
 from ..messages import telling
-from .records import State, Told
-from .outfile import measure
+from ..state.records import State, Told
+from .outfile import last_bytes, measure
 from ..config import split_flags, way_in_flags
 from ..errors import LinkRunError, UsageError
 from ..invocation import typed
@@ -27,13 +27,15 @@ STOP_WAIT = 10.0
 
 
 def log(text: str) -> None:
-    print(f"lnk-link-run sweep: {text}", file=sys.stderr, flush=True)
+    """What a sweep did: said where a person reads it, quiet in serve's stderr (logger.py)."""
+    logger.info(text)
 
 
 # -- sweep ----------------------------------------------------------------------
 
 
 def main_sweep(argv: list[str]) -> int:
+    logger.start("sweep", quiet_for_a_client=True)  # serve starts one every few minutes, on its own stderr
     positional = None
     if argv and not argv[0].startswith("--"):
         positional, argv = argv[0], argv[1:]
@@ -58,7 +60,7 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict:
     if not os.path.isdir(state):
         return counts
     try:
-        with filing.hold(os.path.join(state, records.SWEEP_LOCK), wait=0):
+        with filing.hold(os.path.join(state, layout.SWEEP_LOCK), wait=0):
             sweep_all(state, override, counts)
     except FileNotFoundError:
         return counts  # removed meanwhile
@@ -73,12 +75,12 @@ def sweep_all(state: str, override: telling.WayIn | None, counts: dict) -> None:
     names = os.listdir(state)
     for name in names:
         command_id = name[:-5]
-        if name.endswith(records.RECORD) and records.ID.fullmatch(command_id):
+        if name.endswith(layout.RECORD) and records.ID.fullmatch(command_id):
             try:
                 sweep_record(state, command_id, override, reachable, counts, names)
             except Exception as problem:  # noqa: BLE001 - one record must not stop the others
                 counts["failed"] += 1
-                log(f"{command_id}: cannot sweep it: {problem!r}")
+                logger.error(f"{command_id}: cannot sweep it: {problem!r}")
     remove_orphan_locks(state)
 
 
@@ -134,9 +136,9 @@ def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | N
 def set_aside(state: str, command_id: str, why: str) -> None:
     """A bad record (we hold its lock): its files into `bad/`, named, and its lock removed."""
     where = records.set_aside(state, command_id)
-    _unlink(records.path(state, command_id, records.LOCK))
-    log(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, stays in "
-        f"{records.BACKGROUND}/{records.output_name(command_id)} of the files folder ({typed('doctor')} names both)")
+    _unlink(layout.path(state, command_id, layout.LOCK))
+    logger.warning(f"{command_id}: its record is not whole ({why}): set aside as {where}; its output, if any, "
+                   f"stays in {layout.shown_output(command_id)} of the files folder ({typed('doctor')} names both)")
 
 
 def remove_orphan_locks(state: str) -> None:
@@ -146,12 +148,12 @@ def remove_orphan_locks(state: str) -> None:
     record; and only a lock whose flock is free.
     """
     try:
-        with filing.hold(os.path.join(state, records.START_LOCK), wait=0):
+        with filing.hold(os.path.join(state, layout.START_LOCK), wait=0):
             for name in os.listdir(state):
                 command_id = name[:-5]
-                if name.endswith(records.LOCK) and records.ID.fullmatch(command_id) and \
-                        not os.path.exists(records.path(state, command_id, records.RECORD)):
-                    _remove_if_free(records.path(state, command_id, records.LOCK))
+                if name.endswith(layout.LOCK) and records.ID.fullmatch(command_id) and \
+                        not os.path.exists(layout.path(state, command_id, layout.RECORD)):
+                    _remove_if_free(layout.path(state, command_id, layout.LOCK))
     except filing.Held:
         return  # a start is under way: next time
     except OSError:
@@ -235,8 +237,8 @@ def end_cgroup(record: dict) -> None:
 
 def last_sign_of_life(state: str, record: dict) -> float:
     times = []
-    for where in (records.path(state, record["id"], records.RECORD),
-                  os.path.join(record["files"], records.BACKGROUND, records.output_name(record["id"]))):
+    for where in (layout.path(state, record["id"], layout.RECORD),
+                  os.path.join(record["files"], layout.BACKGROUND, layout.output_name(record["id"]))):
         try:
             times.append(os.stat(where, follow_symlinks=False).st_mtime)
         except OSError:
@@ -250,11 +252,11 @@ def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
     if record.get("sweep_first_try") is None or record["sweep_first_try"] > now:  # or dated by a clock ahead
         record["sweep_first_try"] = now
     way_in = override or telling.WayIn.of(record)
-    delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"))
+    delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"), last_bytes)
     if delivery.outcome == "not reached" and now - min(record["sweep_first_try"], now) >= telling.WINDOW:
         record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)
-        log(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
+        logger.warning(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
         return Told.GIVEN_UP
     return delivery.outcome
 
@@ -283,7 +285,7 @@ def remove_files(state: str, record: dict, names: list[str] | None = None) -> No
     # Every file of it: the record, its input, log and stop file, and what a
     # write cut short left beside them (`<id>.json.<random>.tmp`).
     for name in names if names is not None else os.listdir(state):
-        if name.startswith(command_id + ".") and name != command_id + records.LOCK:
+        if name.startswith(command_id + ".") and name != command_id + layout.LOCK:
             _unlink(os.path.join(state, name))
     try:
         from .outfile import open_background
@@ -292,13 +294,13 @@ def remove_files(state: str, record: dict, names: list[str] | None = None) -> No
     except OSError:
         folder = None
     if folder is not None:
-        for name in (records.output_name(command_id), records.next_output_name(command_id)):
+        for name in (layout.output_name(command_id), layout.next_output_name(command_id)):
             try:
                 os.unlink(name, dir_fd=folder)
             except FileNotFoundError:
                 pass
         os.close(folder)
-    _unlink(records.path(state, command_id, records.LOCK))
+    _unlink(layout.path(state, command_id, layout.LOCK))
 
 
 def _unlink(path: str) -> None:
@@ -358,21 +360,20 @@ def _state_folder(argv: list[str], command: str) -> str | None:
 def main_stop(argv: list[str]) -> int:
     state = _state_folder(argv, "stop")
     if state is None:
-        print("no state folder: no background command runs", file=sys.stderr)
+        logger.info("no state folder: no background command runs")
         return 0
     stopped = stop_all(state, records.AGENT_STOPPING)
-    print(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back",
-          file=sys.stderr)
+    logger.info(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back")
     return 0
 
 
 def main_remove(argv: list[str]) -> int:
     state = _state_folder(argv, "remove")
     if state is None:
-        print("no state folder: removed already, or never made", file=sys.stderr)
+        logger.info("no state folder: removed already, or never made")
         return 0
     # Under start.lock: no start can slip in between the mark and the stop.
-    with filing.hold(os.path.join(state, records.START_LOCK)), open(os.path.join(state, records.REMOVED), "w") as f:
+    with filing.hold(os.path.join(state, layout.START_LOCK)), open(os.path.join(state, layout.REMOVED), "w") as f:
         f.write(f"{records.now():.3f}\n")
     # As the agent stopping: they end lost and untold, and no supervisor
     # lingers telling an agent that is going away.

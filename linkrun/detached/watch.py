@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
+
+from .. import logger
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent
@@ -108,8 +109,7 @@ class Watcher:
                 observer.schedule(ChangeHandler(), folder, recursive=False, event_filter=changes)
             observer.start()
         except OSError as problem:  # inotify exhausted: the waits fall back to their slices
-            print(f"lnk-link-run serve: cannot watch for output ({problem}); reads that wait check "
-                  "every second", file=sys.stderr)
+            logger.warning(f"cannot watch for output ({problem}); reads that wait check every second")
             return None
         return observer
 

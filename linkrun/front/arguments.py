@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from ..errors import Refused
 from ..sandboxing.launch import Launch
-from ..processes.programs import Programs
+from ..sandboxing.programs import Programs
 from ..processes.runner import Request
 
 # What Linux's execve passes: one argument of at most MAX_ARG_STRLEN bytes, its

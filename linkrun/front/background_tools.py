@@ -6,15 +6,15 @@ here they become what a client sees: the structured value and the text.
 
 from __future__ import annotations
 
-from ..detached import records
+from ..state import layout, records
 from ..detached.background import background_settings
 from ..config import Serve
 from ..units import format_duration
 from .reading import answer as read  # noqa: F401  (the tool layer finds every background tool's answer here)
 from .reading import how_it_ended, read_tool
+from .results import ToolResult, nullable
 
 __all__ = ["read", "tool_table", "start_answer", "list_answer", "stop_answer"]
-from .tools import ToolResult, nullable
 
 _ID = {"type": "string", "description": "The command's id, as start answered it."}
 _ENTRY = {
@@ -54,7 +54,7 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
             "name": "start", "title": "Start a background command",
             "description": (f"Start a program as command would, in the background, and answer at once with its id; "
                             f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
-                            "streams as one, goes to background/<id>.out in the files folder."),
+                            f"streams as one, goes to {layout.shown_output('<id>')} in the files folder."),
             "inputSchema": {"type": "object", "properties": run_properties, "required": ["program"],
                             "additionalProperties": False},
             "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
@@ -82,7 +82,7 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
 
 
 def start_answer(command_id: str, program: str, args: tuple[str, ...], settings: Serve) -> ToolResult:
-    output = f"background/{command_id}.out"
+    output = layout.shown_output(command_id)
     how = (f"a message from run:{command_id} will tell this conversation how it ended"
            if background_settings(settings).way_in else "use read with wait, or list, to learn how it ends")
     text = (f"Started {command_id}: {program} {' '.join(args)}".rstrip()

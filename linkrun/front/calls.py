@@ -10,13 +10,13 @@ stays until the call's sandbox has ended).
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeGuard
 
+from .. import logger
 from ..processes import runner
 from .protocol import Channel
 
@@ -172,7 +172,7 @@ class Workers:
             try:
                 job()
             except BaseException as problem:  # a bug of ours: said, and the worker serves on
-                print(f"lnk-link-run serve: internal error in a call: {problem!r}", file=sys.stderr)
+                logger.error(f"internal error in a call: {problem!r}")
             if not self._finished():
                 return
 

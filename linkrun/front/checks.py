@@ -14,12 +14,12 @@ serve ends with exit 1.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 
+from .. import logger
 from ..errors import LinkRunError
-from .tools import ToolResult
+from .results import ToolResult
 
 # The tools that run a program in the sandbox: the others read records and files only.
 HELD = frozenset({"command", "start"})
@@ -55,7 +55,7 @@ class Checks:
             self.failure = LinkRunError(f"the sandbox's checks failed: {problem!r}", "run lnk-link-run doctor")
         if self.failure is not None:
             # As `up` says it when it cannot start: one line, naming the fix.
-            print(f"lnk-link-run up: {self.failure}", file=sys.stderr, flush=True)
+            logger.error(str(self.failure))
         with self._lock:
             self._ended.set()
             then, self._then = self._then, []

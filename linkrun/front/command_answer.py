@@ -10,11 +10,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ..processes.capture import Capture
-from ..processes.child import signal_name
 from ..config import Serve
 from ..invocation import typed
 from ..processes.runner import Outcome
-from ..units import cores, describe_size, format_duration, killed_by_note
+from ..units import cores, describe_size, format_duration, killed_by_note, signal_name
 
 if TYPE_CHECKING:
     from .kept import KeptStreams

@@ -18,7 +18,7 @@ from ..detached import outfile
 from ..detached.lines import SCAN_SECONDS, Found, LineRange, compile_pattern, parse_range, scan
 from ..errors import Refused
 from .kept import is_kept_id
-from .tools import ToolResult
+from .results import ToolResult
 
 if TYPE_CHECKING:
     from ..detached.background import Background

@@ -30,15 +30,16 @@ from dataclasses import dataclass
 
 import orjson
 
+from .. import logger
 from ..config import KeepSettings, Serve
-from ..detached import records
+from ..state import layout, records
 from ..detached.outfile import Look, ReadChunk, read_at
 from ..errors import Refused
 from ..processes.keeper import Keeper
 from ..processes.runner import Outcome
 from ..units import describe_size
 
-FOLDER = "kept"
+FOLDER = layout.KEPT
 STREAMS = ("output", "errors")
 ID = re.compile(r"[a-z2-7]{16}-(?:output|errors)")  # matched whole (fullmatch)
 URI_PREFIX = "linkrun://kept/"
@@ -179,7 +180,7 @@ class Kept:
             try:
                 self._write_about(kept_id, about)
             except OSError as error:
-                print(f"lnk-link-run serve: cannot keep a call's output: {error}", file=sys.stderr, flush=True)
+                logger.warning(f"cannot keep a call's output: {error}")
                 keeper.remove()
                 continue
             ids[stream] = kept_id
@@ -207,7 +208,7 @@ class Kept:
             folder = self.folder()
             items, strays = self._scan(folder)
         except OSError as error:
-            print(f"lnk-link-run serve: cannot look over the kept output: {error}", file=sys.stderr, flush=True)
+            logger.warning(f"cannot look over the kept output: {error}")
             return
         now = time.time()
         items.sort(key=lambda item: item[1])  # oldest first

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import orjson
 
-from ..detached.filing import write_all
+from ..kernel import write_all
 
 # A line longer than this is refused whole (a 10 MB `input` fits easily).
 MAX_LINE = 64 * 1024 * 1024

@@ -14,7 +14,7 @@ from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outfile import ReadChunk
 from ..errors import Refused
 from .kept import is_kept_id
-from .tools import ToolResult
+from .results import ToolResult
 
 if TYPE_CHECKING:
     from ..config import Serve

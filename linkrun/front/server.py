@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import orjson
 
+from .. import logger
 from .. import __version__
 from ..processes import runner
 from ..config import parse_serve
@@ -28,7 +29,8 @@ from .protocol import (
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
 from .checks import Checks
-from .tools import CallContext, Tools, ToolResult
+from .results import ToolResult
+from .tools import CallContext, Tools
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 MODERN_VERSIONS = ("2026-07-28",)
@@ -172,7 +174,7 @@ class Session:
         try:
             return self._request(request_id, method, params, inline)
         except Exception as problem:  # a bug of ours: say so, keep serving
-            print(f"lnk-link-run serve: internal error on {method}: {problem!r}", file=sys.stderr)
+            logger.error(f"internal error on {method}: {problem!r}")
             return error(request_id, INTERNAL_ERROR, f"internal error: {problem}")
 
     def _notification(self, method: str, params: dict) -> None:
@@ -335,7 +337,7 @@ class Session:
         try:
             return self.tools.call(name, arguments, context)
         except Exception as problem:
-            print(f"lnk-link-run serve: {name} failed: {problem!r}", file=sys.stderr)
+            logger.error(f"{name} failed: {problem!r}")
             return ToolResult(f"The call failed inside the server: {problem}. Try again; "
                               "if it keeps failing, the server's log (stderr) says more.", is_error=True)
 
@@ -394,13 +396,14 @@ def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
         from ..config import SERVE_USAGE
         print(f"usage: {SERVE_USAGE}")
         return 0
+    logger.start("serve", quiet_for_a_client=True)  # a client shows its stderr: warnings and errors only
     # A call holds a few descriptors, and many calls run at once: never let a
     # soft limit of 1024 refuse one while the hard limit allows it.
     import resource
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     settings = parse_serve(argv)
     if settings.background is not None:
-        from ..detached.records import check_filesystem
+        from ..state.layout import check_filesystem
 
         check_filesystem(settings.background.state)
     if settings.proxy:

@@ -10,13 +10,13 @@ what is allowed.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import logger
 from ..processes import runner
 from .kept import KEPT_SCHEMA, Kept, kept_links, kept_sentence, offer_kept
 from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
@@ -25,33 +25,14 @@ from ..config import Serve
 from ..errors import LinkRunError, Refused
 from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
 from ..sandboxing.launch import Launch, Sandbox, join_group, prepare, program_argv
-from ..processes.programs import Programs
+from ..state import layout
+from ..sandboxing.programs import Programs
 from ..units import describe_size, format_duration
+from .results import ToolResult, nullable
 
 if TYPE_CHECKING:
     from ..detached.background import Background
     from ..network.internet import Users
-
-
-@dataclass
-class ToolResult:
-    text: str
-    structured: dict[str, object] | None = None
-    is_error: bool = False
-    header: bool = False  # the text is a header line, then exactly a program's bytes
-    # Each also in the text; for the clients that give the model the structured value alone.
-    notes: list[str] = field(default_factory=list)
-    links: list[dict[str, object]] = field(default_factory=list)  # resource_link blocks, for clients that take them
-
-    def add_note(self, note: str) -> None:
-        """A note of the server's: a last line of its own, or, after a header,
-        at the header's end, so that the bytes below stay exactly the bytes."""
-        self.notes.append(note)
-        if self.header:
-            first, newline, rest = self.text.partition("\n")
-            self.text = f"{first} · {note}{newline}{rest}"
-        else:
-            self.text += "\n" + note
 
 
 # A call's progress to its client: (progress, total, message).
@@ -86,16 +67,6 @@ _RUN_PROPERTIES = {
         "description": "The folder to run in, relative to the files folder (default: the files folder itself).",
     },
 }
-
-
-def nullable(kind: str, description: str = "") -> dict[str, object]:
-    """A value of `kind` or null, spelt with anyOf: clients that read `type`
-    as one string mishandle `["integer", "null"]`, and the Inspector's
-    --strict warns on it."""
-    schema: dict[str, object] = {"anyOf": [{"type": kind}, {"type": "null"}]}
-    if description:
-        schema["description"] = description
-    return schema
 
 
 _SHOWN = ("its kept start and end as text, with [… N bytes left out …] where it was cut, "
@@ -137,7 +108,7 @@ class Tools:
         self.offered = self.programs.offered()
         self._files_fd: int | None = None
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
-                               os.path.join(settings.state, "proxy") if settings.proxy and settings.state else None,
+                               os.path.join(settings.state, layout.PROXY_FOLDER) if settings.proxy and settings.state else None,
                                settings.seccomp, settings.limits, longest=settings.timeout)
         self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
         self._etc_watch_started = False
@@ -185,8 +156,8 @@ class Tools:
 
         ended = strays.end(self.settings.files)
         if ended:
-            print(f"lnk-link-run serve: ended {ended} sandbox process(es) of this agent that a killed serve or "
-                  f"supervisor had left behind", file=sys.stderr, flush=True)
+            logger.info(f"ended {ended} sandbox process(es) of this agent that a killed serve or "
+                        f"supervisor had left behind")
 
     def _say_limits_that_do_not_hold(self) -> None:
         from ..sandboxing import cgroups  # not at start: initialize never waits for it
@@ -194,7 +165,7 @@ class Tools:
         assert self.settings.limits is not None  # started only with limits
         assert self.sandbox.holding is not None  # with limits
         for line in limit_warnings(self.sandbox.holding, cgroups.place()):
-            print(f"lnk-link-run serve: {line}", file=sys.stderr, flush=True)
+            logger.warning(line)
 
     def _proxy_ready(self) -> str | None:
         """Start the agent's proxy if none runs; None, or why the call has no internet."""
@@ -204,7 +175,7 @@ class Tools:
             return None
         except (LinkRunError, OSError) as problem:
             why = problem.message if isinstance(problem, LinkRunError) else str(problem)
-            print(f"lnk-link-run serve: {why}", file=sys.stderr, flush=True)
+            logger.warning(why)
             return why
 
     # -- listing ---------------------------------------------------------

@@ -18,7 +18,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .address import AGENT_ID, parse_address
+from .. import logger
+from ..address import AGENT_ID, parse_address
 from ..config import split_flags
 from ..errors import LinkRunError, UsageError
 from .wayin import read_key, signature
@@ -126,7 +127,7 @@ def main_listen(argv: list[str]) -> int:
     serving = threading.Thread(target=server.serve_forever, name="way-in", daemon=True)
     try:
         serving.start()
-        print(f"listening on {shown}", file=sys.stderr, flush=True)
+        logger.info(f"listening on {shown}")
         stopping.wait()
     finally:
         stopping.set()
@@ -175,8 +176,7 @@ class TcpServer(ThreadingHTTPServer):
         pass
 
     def log(self, line: str) -> None:
-        with self.print_lock:
-            print(line, file=sys.stderr, flush=True)
+        logger.info(line)
 
     def deliver(self, agent: str, message: dict) -> bool:
         """Prints a message the first time its `from` comes; False for a repeat."""

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import orjson
 
-from ..detached import filing, records
-from ..detached.records import Told
+from ..state import filing, layout, records
+from ..state.records import Told
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,37 +41,16 @@ class WayIn:
         return cls(record.get("way_in"), record.get("as"), record.get("keyring"))
 
 
-def last_bytes(record: dict) -> bytes:
-    """The end of the command's output for the message, read without following a link."""
-    from ..detached.outfile import open_background, open_output
-
-    want = max(0, int(record.get("output") or 0) // 2)
-    try:
-        folder = open_background(record["files"])
-    except OSError:
-        return b""
-    try:
-        fd = open_output(folder, record["id"])
-    except OSError:  # a link (ELOOP): never followed
-        return b""
-    finally:
-        os.close(folder)
-    if fd is None:
-        return b""
-    try:
-        size = os.fstat(fd).st_size
-        return os.pread(fd, min(want, size), max(0, size - want))
-    finally:
-        os.close(fd)
-
-
 class _NoWayIn:
     outcome, retry_after, detail = Told.GIVEN_UP, None, "no way in to tell"
 
 
-def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None]) -> Delivery | _NoWayIn:
+def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None],
+              last_bytes: Callable[[dict], bytes]) -> Delivery | _NoWayIn:
     """One attempt, the record's `told` written before and after; returns the
     Delivery (its `outcome`: "told", "not reached" or "given up").
+    `last_bytes(record)` reads the end of the command's output for the
+    message (outfile.last_bytes: the output file is the background room's).
 
     The caller holds the record's lock.
     """
@@ -97,7 +76,8 @@ def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None
     return delivery
 
 
-def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callable[[str], None], wake_fd: int | None = None,
+def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callable[[str], None],
+                         last_bytes: Callable[[dict], bytes], wake_fd: int | None = None,
                          stopping: Callable[[], bool] = lambda: False,
                          poll_every: Callable[[], float | None] = lambda: None) -> None:
     """Step 9: tell, retrying with backoff (1, 2, 4 … 60 s, or the way in's
@@ -115,7 +95,7 @@ def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callabl
         while True:
             if record.get("first_try") is None or record["first_try"] > records.now():  # or the clock went back
                 record["first_try"] = records.now()
-            delivery = tell_once(state, record, way_in, log)
+            delivery = tell_once(state, record, way_in, log, last_bytes)
             if delivery.outcome != "not reached":
                 return
             elapsed = records.now() - record["first_try"]
@@ -169,7 +149,7 @@ WAKE_MAX = 64 * 1024
 
 
 def wake_path(state: str, command_id: str) -> str:
-    return records.path(state, command_id, records.WAKE)
+    return layout.path(state, command_id, layout.WAKE)
 
 
 def write_wake(state: str, command_id: str, way_in: WayIn) -> None:

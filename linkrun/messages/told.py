@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..detached.records import State
+from ..state.records import State
 from ..units import elapsed, format_duration, killed_by_note, local_time
 
 

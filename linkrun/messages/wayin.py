@@ -3,7 +3,7 @@
 The supervisor and the sweep import this module only when they tell, and it
 must stay small: stdlib only, and every module that only one path needs
 (hashlib, email.utils, ...) is imported inside the function that needs it. Of
-ours it imports `linkrun.errors` and `linkrun.messages.address`. The message itself is
+ours it imports `linkrun.errors` and `linkrun.address`. The message itself is
 `linkrun.messages.told`; the stand-in way in that checks it is `linkrun.messages.standin`.
 """
 
@@ -16,7 +16,7 @@ import time
 
 from collections.abc import Callable
 
-from .address import AGENT_ID, parse_address
+from ..address import AGENT_ID, parse_address
 from ..errors import LinkRunError
 
 # Module constants so that a test may lower them (§4: connect 2 s, whole request 10 s).

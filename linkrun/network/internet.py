@@ -28,12 +28,9 @@ import sys
 import threading
 import time
 
-from ..detached import filing, records
+from ..state import filing, layout
 from ..errors import LinkRunError
 
-# Named in records' layout of the state folder.
-SETTINGS, REFUSED, FOLDER, SOCKET = (records.PROXY_SETTINGS, records.PROXY_REFUSED, records.PROXY_FOLDER,
-                                     records.PROXY_SOCKET)
 PORT = 3128  # the proxy's port on each sandbox's own loopback
 ADDRESS = f"http://127.0.0.1:{PORT}"
 # How long a call's program waits, at most, for the proxy to listen in its sandbox.
@@ -51,7 +48,7 @@ VARIABLES = (
 
 
 def socket_path(state: str) -> str:
-    return os.path.join(state, FOLDER, SOCKET)
+    return os.path.join(state, layout.PROXY_FOLDER, layout.PROXY_SOCKET)
 
 
 def parse_route(text: str) -> str:
@@ -76,7 +73,7 @@ def write_settings(state: str, hosts: list[str], route: str | None, way_in_port:
     import orjson
 
     os.makedirs(state, mode=0o700, exist_ok=True)
-    filing.write_whole(os.path.join(state, SETTINGS),
+    filing.write_whole(os.path.join(state, layout.PROXY_SETTINGS),
                        orjson.dumps({"hosts": list(hosts), "route": route, "way_in_port": way_in_port}))
 
 
@@ -84,7 +81,7 @@ def read_settings(state: str) -> Settings:
     """The settings in `<state>/proxy.json`; a clear error when it is missing or bad."""
     import orjson
 
-    path = os.path.join(state, SETTINGS)
+    path = os.path.join(state, layout.PROXY_SETTINGS)
     fix = "lnk-link-run up writes it from the sandbox file's [internet] hosts"
     try:
         with open(path, "rb") as f:
@@ -124,7 +121,7 @@ class Users:
                 self.proxy = None
             if self.fd is None:
                 read_settings(self.state)  # a clear error here, rather than a proxy that will not start
-                fd = os.open(os.path.join(self.state, records.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                fd = os.open(os.path.join(self.state, layout.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                              0o600)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # held until close(): longer than any one block
                 self.fd = fd
@@ -134,12 +131,12 @@ class Users:
                 now = time.monotonic()
                 # None running (or one on its way out): start one. A second
                 # started meanwhile finds proxy.lock held and leaves at once.
-                if not filing.is_held(os.path.join(self.state, records.PROXY_LOCK)) and (spawned is None or now - spawned > 1.0):
+                if not filing.is_held(os.path.join(self.state, layout.PROXY_LOCK)) and (spawned is None or now - spawned > 1.0):
                     _spawn(self.state)
                     spawned = now
                 if now > deadline:
                     raise LinkRunError("the agent's internet proxy did not start",
-                                       f"its log is {os.path.join(self.state, records.PROXY_LOG)}")
+                                       f"its log is {os.path.join(self.state, layout.PROXY_LOG)}")
                 time.sleep(0.005)  # no event tells when another process's socket starts listening
             self.proxy = _watch(pid, socket_path(self.state))
             self.generation += 1
@@ -202,12 +199,12 @@ def hand_over(proxy_dir: str, pidfd: int, pid: int) -> str | None:
     try:
         sock.settimeout(HAND_TIMEOUT)
         folder = os.open(proxy_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        sock.connect(short_path(folder, records.PROXY_HAND))
+        sock.connect(short_path(folder, layout.PROXY_HAND))
         socket.send_fds(sock, [b"%d" % pid], [pidfd])
         answer = sock.recv(4096)
     except OSError as problem:
         return f"the agent's proxy cannot be reached ({problem}); its log is {os.path.dirname(proxy_dir)}/" \
-               f"{records.PROXY_LOG}"
+               f"{layout.PROXY_LOG}"
     finally:
         sock.close()
         if folder >= 0:
@@ -229,7 +226,7 @@ def _spawn(state: str) -> None:
     import subprocess
 
     argv = [sys.executable, "-I", "-m", "linkrun", "proxy", "--state", state]
-    log = os.open(os.path.join(state, records.PROXY_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    log = os.open(os.path.join(state, layout.PROXY_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *argv], stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, check=True)
@@ -242,7 +239,7 @@ def refused(state: str, since: float, pid: int | None = None) -> list[str]:
     each once, in order; with `pid`, only those asked from below that process
     (a call's sandbox), so calls running at once are told their own."""
     try:
-        with open(os.path.join(state, REFUSED), "rb") as f:
+        with open(os.path.join(state, layout.PROXY_REFUSED), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))  # the tail is enough
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:  # none logged, or the log cannot be read: the answer goes without the note

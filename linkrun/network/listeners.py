@@ -12,9 +12,10 @@ import socket
 import sys
 from collections.abc import Callable
 
+from .. import logger
 from . import internet
-from ..detached import records
-from ..processes.child import signal_name
+from ..state import layout
+from ..units import signal_name
 
 BACKLOG = 256  # connections a listener queues before the proxy accepts them
 RESTART_DELAY = 1.0  # seconds before a hand-over process that ended is started again: one that cannot start never spins
@@ -34,7 +35,7 @@ class HandOver:
     def start(self) -> None:
         """Bind `hand.sock` afresh and start the process on it (ours closed
         once it has them); `watch()` then, in the proxy's loop."""
-        hand = bind_unix(self.folder, records.PROXY_HAND, socket.SOCK_SEQPACKET)
+        hand = bind_unix(self.folder, layout.PROXY_HAND, socket.SOCK_SEQPACKET)
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.pid = _spawn(hand, theirs)
@@ -77,16 +78,14 @@ class HandOver:
         except ProcessLookupError:
             pass
         _, status = os.waitpid(self.pid, 0)
-        print(f"lnk-link-run proxy: the hand-over process ended ({_how(status)}); starting another in "
-              f"{RESTART_DELAY:g} s", file=sys.stderr, flush=True)
+        logger.warning(f"the hand-over process ended ({_how(status)}); starting another in {RESTART_DELAY:g} s")
         loop.call_later(RESTART_DELAY, self.restart)
 
     def restart(self) -> None:
         try:
             self.start()
         except OSError as problem:
-            print(f"lnk-link-run proxy: cannot start the hand-over process: {problem}; trying again in "
-                  f"{RESTART_DELAY:g} s", file=sys.stderr, flush=True)
+            logger.warning(f"cannot start the hand-over process: {problem}; trying again in {RESTART_DELAY:g} s")
             asyncio.get_running_loop().call_later(RESTART_DELAY, self.restart)
             return
         self.watch()

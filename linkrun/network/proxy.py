@@ -37,11 +37,11 @@ import functools
 import os
 import resource
 import socket
-import sys
 import time
 
+from .. import logger
 from . import internet, listeners, peers, rules
-from ..detached import records
+from ..state import layout
 from ..config import split_flags
 from ..errors import LinkRunError, UsageError
 
@@ -71,8 +71,8 @@ class Proxy:
         self.cap = sandbox_cap(descriptors)
         self.held: collections.Counter[str] = collections.Counter()  # connections held, by sandbox
         self.at_cap: set[str] = set()  # sandboxes told of in the log, until they drop below the cap
-        self.settings_path = os.path.join(state, internet.SETTINGS)
-        self.refused_log = os.path.join(state, internet.REFUSED)
+        self.settings_path = os.path.join(state, layout.PROXY_SETTINGS)
+        self.refused_log = os.path.join(state, layout.PROXY_REFUSED)
         self.seen: tuple[int, int, int] | None = None
         self.rules = rules.Rules([])
         self.route: tuple[str, int] | None = None
@@ -93,12 +93,11 @@ class Proxy:
         try:
             hosts, route, self.way_in_port = internet.read_settings(self.state)
         except LinkRunError as problem:
-            print(f"lnk-link-run proxy: {problem.message}; the hosts read before are kept", file=sys.stderr, flush=True)
+            logger.warning(f"{problem.message}; the hosts read before are kept")
             return
         self.seen, self.rules = seen, rules.Rules(hosts)
         self.route = _address(route) if route else None
-        print(f"lnk-link-run proxy: hosts: {self.rules.describe()}" + (f", through {route}" if route else ""),
-              file=sys.stderr, flush=True)
+        logger.info(f"hosts: {self.rules.describe()}" + (f", through {route}" if route else ""))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      init: int | None = None) -> None:
@@ -150,7 +149,7 @@ class Proxy:
                "(so that it cannot take the internet from the others)")
         if sandbox not in self.at_cap:  # once while it stays at the cap: a loop of connects fills no log
             self.at_cap.add(sandbox)
-            print(f"lnk-link-run proxy: refusing new connections of {sandbox}: {why}", file=sys.stderr, flush=True)
+            logger.warning(f"refusing new connections of {sandbox}: {why}")
         try:
             await self.answer(writer, 503, "Service Unavailable",
                               f"Link Run's proxy refused this connection: {why}. Close some, or wait for them to end.")
@@ -254,7 +253,7 @@ class Proxy:
             with open(self.refused_log, "a") as f:
                 f.write(f"{time.time():.3f} {target} {','.join(map(str, above))}\n")
         except OSError as problem:  # a full disk: the program still gets its 403, the answer no note
-            print(f"lnk-link-run proxy: cannot log the refusal of {target}: {problem}", file=sys.stderr, flush=True)
+            logger.warning(f"cannot log the refusal of {target}: {problem}")
 
     @staticmethod
     async def answer(writer: asyncio.StreamWriter, status: int, reason: str, text: str) -> None:
@@ -311,19 +310,19 @@ def main(argv: list[str]) -> int:
     state = os.path.abspath(str(flags["--state"]))
     descriptors = _raise_descriptor_limit()
     internet.read_settings(state)  # a clear error in the log, rather than a proxy admitting nothing
-    lock = os.open(os.path.join(state, records.PROXY_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(os.path.join(state, layout.PROXY_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another proxy serves this agent
-    folder = os.path.join(state, internet.FOLDER)
+    folder = os.path.join(state, layout.PROXY_FOLDER)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)  # no sandbox sees it: only the agent's own serve and supervisors
     proxy = Proxy(state, descriptors)
     hand_over = listeners.HandOver(folder, proxy.serve_soon)
     hand_over.start()  # before proxy.sock: a user that finds the proxy finds its hand-over too
-    listener = listeners.bind_unix(folder, internet.SOCKET, socket.SOCK_STREAM)
-    print(f"lnk-link-run proxy: serving {folder}/{internet.SOCKET}", file=sys.stderr, flush=True)
+    listener = listeners.bind_unix(folder, layout.PROXY_SOCKET, socket.SOCK_STREAM)
+    logger.info(f"serving {folder}/{layout.PROXY_SOCKET}")
     asyncio.run(_serve(proxy, listener, hand_over, state))
     return 0
 
@@ -336,14 +335,14 @@ def _raise_descriptor_limit() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         soft = hard
     except (ValueError, OSError) as problem:
-        print(f"lnk-link-run proxy: keeps {soft} descriptors: {problem}", file=sys.stderr, flush=True)
+        logger.warning(f"keeps {soft} descriptors: {problem}")
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 async def _serve(proxy: Proxy, listener: socket.socket, hand_over: listeners.HandOver, state: str) -> None:
     server = await asyncio.start_unix_server(proxy.handle, sock=listener, limit=HEAD_MAX)
     hand_over.watch()
-    users = os.open(os.path.join(state, records.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    users = os.open(os.path.join(state, layout.PROXY_USERS), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     async with server:
         while True:
             await asyncio.sleep(USERS_CHECK)

@@ -19,13 +19,6 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def exit_status(pidfd: int) -> tuple[int | None, int | None]:
     """(exit, signal) of an exited child, read without reaping it.
 

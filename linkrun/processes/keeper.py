@@ -25,8 +25,8 @@ without a keeper.
 from __future__ import annotations
 
 import os
-import sys
 
+from .. import logger
 from .capture import Capture
 from .group import CHUNK
 
@@ -141,8 +141,7 @@ class Keeper:
             count -= moved
 
     def _fail(self, error: OSError) -> None:
-        print(f"lnk-link-run serve: a call's output is not kept past its answer: {error}", file=sys.stderr,
-              flush=True)
+        logger.warning(f"a call's output is not kept past its answer: {error}")
         self.broken = True
 
     def finish(self, wanted: bool) -> tuple[int, int] | None:

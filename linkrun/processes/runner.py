@@ -16,12 +16,12 @@ import os
 import queue
 import select
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import IO
 
+from .. import logger
 from ..sandboxing import beneath
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
@@ -146,7 +146,7 @@ def _keep_or_remove_groups() -> None:
                 group.remove()
                 cgroups.make_spare(group.limits)
         except Exception as problem:  # a bug of ours: said, and the next groups are still removed
-            print(f"lnk-link-run serve: cannot remove a call's cgroup: {problem!r}", file=sys.stderr)
+            logger.error(f"cannot remove a call's cgroup: {problem!r}")
         with _leftovers_lock:
             _groups.discard(group)
 

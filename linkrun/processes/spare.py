@@ -31,12 +31,12 @@ import functools
 import os
 import queue
 import select
-import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from .. import logger
 from ..errors import Refused
 from ..kernel import read_small
 
@@ -309,8 +309,7 @@ class Spares:
         with self._lock:
             said, self._off = self._off, self._off or why
         if said is None:
-            print(f"lnk-link-run serve: {why}; each call sets up its own sandbox from now on", file=sys.stderr,
-                  flush=True)
+            logger.warning(f"{why}; each call sets up its own sandbox from now on")
 
     def _run(self, job: Callable[[], None]) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ user of the host may read already, trust stores and public certificates.
 RULE names the rule in a view's print: a view made by another rule is
 made again, so none made before it keeps a private key.
 
-stdlib only (and filing): serve and the supervisor import it.
+stdlib only (and kernel.write_all): serve and the supervisor import it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import os
 import re
 import stat
 
-from ..detached import filing
+from ..kernel import write_all
 
 RULE = "rule 2: others may read, no PEM private key"
 PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----")
@@ -77,6 +77,6 @@ def _copy_unless_private(into: int, out: int) -> bool:
     while chunk := os.read(into, CHUNK):
         if PRIVATE_KEY.search(before + chunk):
             return False
-        filing.write_all(out, chunk)
+        write_all(out, chunk)
         before = chunk[-_OVERLAP:]
     return True

@@ -41,14 +41,15 @@ import fnmatch
 import os
 import stat
 import struct
-import sys
 import time
 
-from ..detached import filing
+from .. import logger
+from ..state import filing
 from . import etcrule
 from ..errors import LinkRunError
 from ..kernel import last_errno, libc
-from ..detached.records import ETC_LOCK, ETC_VIEW, ETC_VIEWS, boot_id
+from ..state.layout import ETC_LOCK, ETC_VIEW, ETC_VIEWS
+from ..state.records import boot_id
 
 ETC = "/etc"
 # What programs need of /etc, and no more.
@@ -189,8 +190,7 @@ def refresh(link: str, watch: EtcWatch | None = None) -> None:
         if _stale(current, fingerprint(etc, found), found):
             ensure(state, etc)
     except OSError as error:
-        print(f"lnk-link-run: cannot refresh the sandbox's /etc view in {state}: {error}; "
-              "calls keep the current one", file=sys.stderr)
+        logger.warning(f"cannot refresh the sandbox's /etc view in {state}: {error}; calls keep the current one")
 
 
 def _looked_lately(lock: str) -> bool:
@@ -490,5 +490,4 @@ def _say_unwatched(etc: str, problem: OSError, what: str) -> None:
         why = f"the inotify {kind} allowed to this user are used up: raise the limit {limit} with sysctl"
     else:
         why = str(problem)
-    print(f"lnk-link-run serve: {what} {etc} for changes ({why}); each call looks at it once a second instead",
-          file=sys.stderr, flush=True)
+    logger.warning(f"{what} {etc} for changes ({why}); each call looks at it once a second instead")

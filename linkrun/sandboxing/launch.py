@@ -113,7 +113,7 @@ class Sandbox:
     @functools.cached_property
     def etc_view_at(self) -> int:
         """Where the fixed part binds the agent's /etc view (`--ro-bind <view> /etc`), read once; -1 when it binds none."""
-        from ..detached.records import ETC_VIEW
+        from ..state.layout import ETC_VIEW
         from .etcview import ETC
 
         for at in range(len(self.fixed) - 2):

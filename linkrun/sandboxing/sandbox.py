@@ -4,8 +4,8 @@
 sandbox file, the facts of this machine gathered once by `host_facts`), so
 tests read it. The per-call part (the write folders, opened through
 descriptors) is added by `launch.prepare` at each call, in serve and in the
-supervisor; `lnk-link-run sandbox` adds it too, so that it runs exactly what
-a call would. `/etc` is bound as one prepared view of its allow list
+supervisor; `lnk-link-run sandbox` (sandbox_command.py) adds it too, so that
+it runs exactly what a call would. `/etc` is bound as one prepared view of its allow list
 (etcview.py), made here (`build`) and refreshed by each launch.
 """
 
@@ -15,9 +15,7 @@ import functools
 import os
 import re
 import resource
-import shlex
 import subprocess
-import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,12 +24,10 @@ from .. import agent as agent_folder
 from . import etcview
 from ..network import internet as internet_
 from ..config import Limits
-from ..config import parse_size, split_flags
+from ..config import parse_size
 from ..errors import LinkRunError, UsageError
-from ..processes.group import kill_init
 from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, hidden_keys, memory_total, nproc_limit
-from .launch import Sandbox, prepare, program_argv
-from ..processes.programs import which
+from .programs import which
 
 # What every sandbox has of its own: a program's folder may lie below one, never be or hold one.
 SANDBOX_OWN = ("/tmp", "/var/tmp", "/dev", "/proc", "/run/lnk")
@@ -382,68 +378,3 @@ def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mappi
 def write_folders(sandbox: SandboxFile) -> tuple[str, ...]:
     """serve's --write: work/ and the [files] write entries."""
     return tuple(dict.fromkeys(("work",) + sandbox.write))
-
-
-USAGE = "lnk-link-run sandbox --file <sandbox.toml> --agent <dir> [--print] -- <program> <args>"
-
-
-def main(argv: list[str]) -> int:
-    """Build the sandbox of one call and run the program in it (or print it).
-
-    It does not check `[commands]` (serve does): it is for seeing and trying
-    the sandbox itself. The program runs in the files folder, as a call does.
-    """
-    flags, command = split_flags(argv, {"--file", "--agent"}, {"--print"}, set())
-    if not command and "--print" not in flags:
-        raise UsageError("no program after --", f"usage: {USAGE}")
-    sandbox = load(str(flags["--file"]) if "--file" in flags else None)
-    environ = os.environ
-    folder = agent_folder.create(str(flags.get("--agent") or agent_folder.default_root(environ)))
-    fixed, _, _ = build(folder, sandbox, environ)
-    program = list(command or [])
-    if program and "/" not in program[0]:
-        found = find_system(program[0])
-        if found is None:
-            raise UsageError(f"{program[0]!r} is not on the system PATH ({SYSTEM_PATH})",
-                             "give an absolute path or a program this machine has")
-        program[0] = found
-
-    proxy_dir = os.path.join(folder.state, internet_.FOLDER) if sandbox.hosts else None
-    from . import seccomp
-
-    box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))
-    tail = program_argv(program[0], program[1:])
-    if "--print" in flags:
-        with prepare(box, tail, watch_init=False, git_check=False) as launch:
-            print(shlex.join(launch.argv))
-        return 0
-    if sandbox.hosts:
-        _internet_for(folder, sandbox)
-    # Run and waited for, not exec'd: the git check (gitcheck.py) runs once the
-    # sandbox ended. With the internet the agent's proxy is kept meanwhile.
-    with prepare(box, tail, watch_init=bool(sandbox.hosts)) as launch, launch.spawning():
-        process = subprocess.Popen(launch.argv, pass_fds=launch.fds, cwd=folder.files, env=launch.env)
-        init = launch.started()
-        while True:
-            try:
-                code = process.wait()
-                break
-            except KeyboardInterrupt:  # ^C reached the sandbox too (the terminal's group): wait for its end
-                continue
-        kill_init(init)
-        if init is not None:
-            os.close(init)
-    for note in launch.git_notes:
-        print(f"lnk-link-run: git check: {note}", file=sys.stderr)
-    return code if code >= 0 else 128 - code
-
-
-def _internet_for(folder: agent_folder.AgentFolder, sandbox: SandboxFile) -> None:
-    """As a call runs with [internet] hosts: the agent's proxy, given this
-    file's hosts (the route and the way in `up` set are kept)."""
-    try:
-        _, route, way_in_port = internet_.read_settings(folder.state)
-    except LinkRunError:
-        route, way_in_port = None, None
-    internet_.write_settings(folder.state, list(sandbox.hosts), route, way_in_port)
-    internet_.Users(folder.state).ensure()

@@ -45,7 +45,7 @@ import errno
 import os
 import struct
 
-from ..detached import filing, records
+from ..state import filing, layout
 
 # linux/audit.h: the machine type with its 64-bit and little-endian bits.
 AUDIT_ARCH_X86_64 = 0xC000003E
@@ -214,7 +214,7 @@ def ensure(state: str, machine: str | None = None) -> str | None:
     content = program(machine)
     if content is None:
         return None
-    path = os.path.join(state, records.SECCOMP)
+    path = os.path.join(state, layout.SECCOMP)
     try:
         with open(path, "rb") as f:
             if f.read() == content:

@@ -6,7 +6,7 @@ import os
 import stat
 
 from ..errors import Refused
-from ..sandboxing.launch import BINDS_BY_PATH
+from .launch import BINDS_BY_PATH
 
 
 class Programs:

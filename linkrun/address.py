@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..errors import UsageError
+from .errors import UsageError
 
 # Matched whole (fullmatch): `$` would let a trailing newline through.
 AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")

@@ -1,6 +1,5 @@
 """The ways a writer of the state folder touches a file: a whole write and a
-flock. Every writer uses these, so every file has the same durability. And
-the one loop that writes all of a buffer, for every writer of a descriptor.
+flock. Every writer uses these, so every file has the same durability.
 
 stdlib only, and no `typing`: the supervisor imports it.
 """
@@ -11,7 +10,9 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+
+from ..kernel import write_all
 
 
 def write_whole(path: str, data: bytes, mode: int = 0o600) -> None:
@@ -32,16 +33,6 @@ def write_whole(path: str, data: bytes, mode: int = 0o600) -> None:
     os.close(fd)
     os.rename(temporary, path)
     sync_folder(os.path.dirname(path) or ".")
-
-
-def write_all(fd: int, data: bytes, after_each: Callable[[], None] | None = None) -> None:
-    """All of `data`, however many writes it takes (a pipe or a signal may
-    cut one short); `after_each` runs after each write that moved bytes."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-        if after_each is not None:
-            after_each()
 
 
 def sync_folder(folder: str) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import orjson
 
 from .. import logger
-from ..config import KeepSettings, Serve
+from ..config import KeepSettings
 from ..state import layout, records
 from ..detached.outfile import Look, ReadChunk, read_at
 from ..errors import Refused
@@ -79,17 +79,6 @@ class KeptStreams:
 
     ids: dict[str, str]
     cap: int
-
-
-def offer_kept(settings: Serve, table: dict[str, dict]) -> Kept:
-    """The kept output of this serve's calls, and read in `table` for it, with or without background commands."""
-    from .reading import read_tool
-
-    assert settings.keep is not None  # offered only then
-    way_in = settings.background is not None and settings.background.way_in is not None
-    if "read" not in table:
-        table["read"] = read_tool(background=False, kept=True)
-    return Kept(settings.keep, way_in, settings.timeout)
 
 
 @dataclass

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outfile import ReadChunk
 from ..errors import Refused
-from .kept import is_kept_id
+from .kept import Kept, is_kept_id
 from .results import ToolResult
 
 if TYPE_CHECKING:
     from ..config import Serve
     from ..detached.background import Background
-    from .kept import Kept
     from .tools import CallContext
 
 MAX_WAIT = 30  # as background.MAX_WAIT, without loading it where no background command runs
@@ -74,6 +73,16 @@ def read_tool(background: bool, kept: bool) -> dict:
         "annotations": {"title": title, "readOnlyHint": True, "destructiveHint": False, "idempotentHint": True,
                         "openWorldHint": False},
     }
+
+
+
+def offer_kept(settings: Serve, table: dict[str, dict]) -> Kept:
+    """The kept output of this serve's calls, and read in `table` for it, with or without background commands."""
+    assert settings.keep is not None  # offered only then
+    way_in = settings.background is not None and settings.background.way_in is not None
+    if "read" not in table:
+        table["read"] = read_tool(background=False, kept=True)
+    return Kept(settings.keep, way_in, settings.timeout)
 
 
 def answer(arguments: dict, context: CallContext, settings: Serve, background: Background | None,

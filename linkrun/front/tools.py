@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from .. import logger
 from ..processes import runner
-from .kept import KEPT_SCHEMA, Kept, kept_links, kept_sentence, offer_kept
+from .kept import KEPT_SCHEMA, Kept, kept_links, kept_sentence
+from .reading import offer_kept
 from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
 from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, limit_warnings, limits_sentence
 from ..config import Serve

@@ -413,14 +413,15 @@ def test_up_hands_serve_the_proxy_only_when_hosts_are_named(tmp_path):
     require_sandbox()
     plain = Agent(tmp_path / "plain")
     argv = up.plan(["--agent", str(plain.root)], plain.env)
-    assert "--proxy" not in argv and "--state" not in argv[:argv.index("--")]
+    # --state is always given now (a call's kept output lives there), but no proxy without hosts
+    assert "--proxy" not in argv
     assert not any("PROXY" in arg for arg in argv)  # nothing paid without hosts
 
     box = agent_with_hosts(tmp_path / "named", "example.org")
     argv = up.plan(["--agent", str(box.root), "--sandbox", str(box.file), "--route", "http://10.0.0.1:3128"], box.env)
     serve = argv[:argv.index("--")]
     assert "--proxy" in serve and serve[serve.index("--state") + 1] == str(box.root / "State")
-    assert "--background" not in serve  # the proxy's state folder alone
+    assert "--background" not in serve  # the proxy's and the kept output's state folder, no background commands
     fixed = argv[argv.index("--") + 1:]
     assert fixed[fixed.index("HTTPS_PROXY") - 1:fixed.index("HTTPS_PROXY") + 2] == ["--setenv", "HTTPS_PROXY", RELAY]
     assert internet.read_settings(str(box.root / "State")) == (["example.org"], "http://10.0.0.1:3128", None)

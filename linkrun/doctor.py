@@ -10,11 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import resource
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from . import agent as agent_folder
 from .sandboxing import hostfacts, sandbox
@@ -23,6 +21,9 @@ from .errors import LinkRunError
 from .invocation import typed
 from .sandboxing.launch import Sandbox, prepare
 from .units import cores, describe_size
+
+if TYPE_CHECKING:  # subprocess, shutil, tempfile where used: up imports this module, and its handshake needs none of them
+    import subprocess
 
 Check = tuple[str, str, str]  # (level: ok, warn or FAIL; what; how to fix it)
 
@@ -72,6 +73,8 @@ class Probe:
         self.process, self.folder, self.filtered = process, folder, filtered
 
     def check(self) -> None:
+        import subprocess
+
         folder = self.folder
         try:
             stdout, stderr = self.process.communicate(timeout=30)
@@ -130,6 +133,8 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
               "if (: >/dev/.lnk-probe) 2>/dev/null; then rm -f /dev/.lnk-probe; else echo dev-read-only; fi; "
               "if [ -s /proc/1/environ ]; then echo environ kept; else echo environ 0; fi; "
               "while read -r key value; do [ \"$key\" = Seccomp: ] && echo \"Seccomp: $value\"; done < /proc/self/status; true")
+    import subprocess
+
     launch = prepare(Sandbox(tuple(fixed), folder.files, tuple(write), seccomp=seccomp), [sh, "-c", script],
                      watch_init=False)
     with launch:
@@ -151,6 +156,8 @@ def scope_works() -> tuple[bool, str]:
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
     if not os.environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(os.path.join(runtime, "bus")):
         return False, "no user session bus (systemd --user is not running for this user)"
+    import subprocess
+
     try:
         done = subprocess.run([systemd_run, "--user", "--scope", "--quiet", "--", "true"],
                               capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
@@ -183,6 +190,9 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
         yield "FAIL", f"the agent's folder {folder.root} cannot be made: {parent} may not be written", \
             "give up --agent a folder where you may write, such as under your home"
         return
+    import shutil
+    import tempfile
+
     scratch = tempfile.mkdtemp(prefix=".lnk-doctor-", dir=parent)
     missing = "has no Files/ yet" if os.path.isdir(folder.root) else "does not exist yet"
     yield "ok", f"the agent's folder {folder.root} {missing} ({typed('up')} makes it): the checks below ran " \

@@ -15,8 +15,6 @@ import functools
 import os
 import re
 import resource
-import shlex
-import subprocess
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -28,8 +26,7 @@ from ..network import internet as internet_
 from ..config import Limits
 from ..config import parse_size, split_flags
 from ..errors import LinkRunError, UsageError
-from ..processes.group import kill_init
-from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, hidden_keys, memory_total, nproc_limit
+from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, bwrap_has, entries, hard_limit, hidden_keys, memory_total, nproc_limit
 from .launch import Sandbox, prepare, program_argv
 from ..processes.programs import which
 
@@ -216,14 +213,10 @@ def host_facts() -> Host:
     if prlimit is None:
         raise LinkRunError("prlimit is not installed, and the sandbox's limits need it",
                            "install util-linux (apt install util-linux) and start again")
-    try:
-        help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise LinkRunError(f"cannot run {bwrap}: {error}", "reinstall bubblewrap") from None
     return Host(
         bwrap=bwrap,
         prlimit=prlimit,
-        disable_userns="--disable-userns" in help_text,
+        disable_userns=bwrap_has(bwrap, "--disable-userns"),
         root=tuple(entries("/", ROOT_FOLDERS)),
         nproc=nproc_limit(int(defaults()["limits"]["nproc_margin"])),
         fsize_max=hard_limit(resource.RLIMIT_FSIZE),
@@ -409,7 +402,11 @@ def main(argv: list[str]) -> int:
         program[0] = found
 
     proxy_dir = os.path.join(folder.state, internet_.FOLDER) if sandbox.hosts else None
+    import shlex
+    import subprocess
+
     from . import seccomp
+    from ..processes.group import kill_init
 
     box = Sandbox(tuple(fixed), folder.files, write_folders(sandbox), proxy_dir, seccomp.for_agent(folder.state))
     tail = program_argv(program[0], program[1:])

@@ -18,8 +18,12 @@ import sys
 import threading
 from collections.abc import Callable
 
+from typing import TYPE_CHECKING
+
 from ..errors import LinkRunError
-from .tools import ToolResult
+
+if TYPE_CHECKING:  # loaded with the tool layer, after the handshake
+    from .tools import ToolResult
 
 # The tools that run a program in the sandbox: the others read records and files only.
 HELD = frozenset({"command", "start"})
@@ -87,6 +91,8 @@ class Checks:
         self._ended.wait()
         if self.failure is None:
             return None
+        from .tools import ToolResult
+
         return ToolResult(f"Failed: the sandbox cannot start here, so nothing runs: {self.failure}", is_error=True)
 
     def passed(self) -> bool:

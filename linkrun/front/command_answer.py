@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..processes.capture import Capture
 from ..processes.child import signal_name
 from ..config import Serve
 from ..invocation import typed
-from ..processes.runner import Outcome
 from ..units import cores, describe_size, format_duration, killed_by_note
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the runner's types only: the instructions (offer.py) use this module before serve loads the runner
+    from ..processes.capture import Capture
+    from ..processes.runner import Outcome
     from ..sandboxing.cgroups import Place
     from ..sandboxing.fallback import Holding
 

@@ -16,11 +16,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import orjson
 
 from .. import __version__
-from ..processes import runner
 from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
@@ -28,7 +28,10 @@ from .protocol import (
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
 from .checks import Checks
-from .tools import CallContext, Tools, ToolResult
+from .offer import Offer
+
+if TYPE_CHECKING:  # the tool layer, loaded once the first answer is out (Session.tools)
+    from .tools import CallContext, Tools, ToolResult
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 MODERN_VERSIONS = ("2026-07-28",)
@@ -45,15 +48,25 @@ KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/disco
 
 
 class Session:
-    def __init__(self, tools: Tools, channel: Channel) -> None:
-        self.tools = tools
+    def __init__(self, instructions: str, load_tools: Callable[[], Tools], channel: Channel) -> None:
+        self._load_tools = load_tools
+        self._tools: Tools | None = None
         self.channel = channel
         self.legacy_version: str | None = None  # set by initialize
         self.calls = InFlight()
         self.workers = Workers()
-        self.instructions = tools.instructions()
+        self.instructions = instructions
         self.on_first_answer: Callable[[], None] | None = None  # called once the first message was handled
         self.checks = Checks(None)  # up's, when serve runs in up's process: the calls that run a program wait
+
+    @property
+    def tools(self) -> Tools:
+        """The tool table, loaded by the reader at its first use: after the
+        first answer (the handshake never waits for the tool layer's imports),
+        or for a first request that needs it."""
+        if self._tools is None:
+            self._tools = self._load_tools()
+        return self._tools
 
     # -- the read loop ----------------------------------------------------
 
@@ -90,8 +103,10 @@ class Session:
         self.checks.forget_waiting()
         self.workers.wait(time.monotonic() + grace)
         self.calls.silence_all()
-        if self.tools.spares is not None:
-            self.tools.spares.close()
+        if self._tools is not None and self._tools.spares is not None:
+            self._tools.spares.close()
+        from ..processes import runner  # loaded by the tool layer, if it was
+
         runner.kill_leftovers_now()
         self.channel.flush(FLUSH_IDLE)
         self.channel.close()
@@ -267,6 +282,8 @@ class Session:
             name, arguments, meta = self._checked_call(params)
         except _BadParams as bad:
             return error(request_id, INVALID_PARAMS, str(bad))
+        from .tools import CallContext  # loaded: _checked_call asked the tool table
+
         call = Call(request_id, _progress_token(meta))
         if not self.calls.add(call):
             return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
@@ -314,6 +331,8 @@ class Session:
         try:
             return self.tools.call(name, arguments, context)
         except Exception as problem:
+            from .tools import ToolResult
+
             print(f"lnk-link-run serve: {name} failed: {problem!r}", file=sys.stderr)
             return ToolResult(f"The call failed inside the server: {problem}. Try again; "
                               "if it keeps failing, the server's log (stderr) says more.", is_error=True)
@@ -389,16 +408,26 @@ def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
     # texts we print on stderr must not depend on the locale.
     if isinstance(sys.stderr, io.TextIOWrapper):
         sys.stderr.reconfigure(encoding="utf-8", errors="replace")
-    tools = Tools(settings)
-    session = Session(tools, Channel())
+    offer = Offer(settings)
+
+    def load_tools() -> Tools:
+        from .tools import Tools
+
+        tools = Tools(settings, offer)
+        if tools.background is not None:
+            tools.background.start_sweeping()
+        return tools
+
+    # The handshake's instructions from the settings alone: the tool layer loads after it.
+    session = Session(offer.instructions(), load_tools, Channel())
     session.checks = Checks(checks)
-    if tools.background is not None:
-        tools.background.start_sweeping()
 
     def first_answered() -> None:
-        session.checks.start()
+        # The answer out first: the writer thread would wait for the interpreter lock the imports hold.
+        session.channel.flush(FLUSH_IDLE)
+        session.checks.start()  # on a thread of their own, beside the tool layer's loading
         # Spares and the proxy are made with what the checks make (the /etc view).
-        session.checks.after(tools.first_answered)
+        session.checks.after(session.tools.first_answered)
 
     session.on_first_answer = first_answered
     code = session.run()

@@ -51,6 +51,7 @@ class Session:
     def __init__(self, instructions: str, load_tools: Callable[[], Tools], channel: Channel) -> None:
         self._load_tools = load_tools
         self._tools: Tools | None = None
+        self._tools_lock = threading.Lock()  # loaded once, whichever thread asks first
         self.channel = channel
         self.legacy_version: str | None = None  # set by initialize
         self.calls = InFlight()
@@ -64,9 +65,10 @@ class Session:
         """The tool table, loaded by the reader at its first use: after the
         first answer (the handshake never waits for the tool layer's imports),
         or for a first request that needs it."""
-        if self._tools is None:
-            self._tools = self._load_tools()
-        return self._tools
+        with self._tools_lock:
+            if self._tools is None:
+                self._tools = self._load_tools()
+            return self._tools
 
     # -- the read loop ----------------------------------------------------
 

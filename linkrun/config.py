@@ -156,6 +156,7 @@ class Serve:
     sandbox: tuple[str, ...]
     seccomp: str | None = None  # the syscall filter file, given to each call's bwrap
     limits: Limits | None = None  # each call's cgroup limits (--limits), where a cgroup can be had
+    checks: str | None = None  # the agent's folder whose checks `up` leaves to serve (--checks; front/checks.py)
 
     @property
     def offers_background(self) -> bool:
@@ -166,6 +167,7 @@ _SERVE_VALUED = {
     "--files", "--programs-path", "--timeout", "--output", "--program", "--var", "--write",
     "--state", "--way-in", "--as", "--keyring", "--background", "--background-timeout",
     "--background-output", "--background-keep", "--background-per-day", "--hops", "--seccomp", "--limits",
+    "--checks",
 }
 _SERVE_SWITCHES = {"--proxy", "--no-way-in"}
 _REPEATABLE = {"--program", "--var", "--write"}
@@ -177,7 +179,7 @@ _BACKGROUND_REQUIRED = (
 SERVE_USAGE = (
     "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
     "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... [--seccomp <file>] "
-    "[--limits memory=<bytes>,tasks=<n>,cpu=<n>%] "
+    "[--limits memory=<bytes>,tasks=<n>,cpu=<n>%] [--checks <agent's folder>] "
     "[--state <dir> [--proxy] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
     "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
     "--background-keep <duration> --background-per-day <n> --hops <n>]] -- <sandbox>..."
@@ -285,6 +287,7 @@ def parse_serve(argv: list[str]) -> Serve:
         sandbox=tuple(sandbox),
         seccomp=seccomp,
         limits=parse_limits("--limits", str(flags["--limits"])) if "--limits" in flags else None,
+        checks=os.path.abspath(str(flags["--checks"])) if "--checks" in flags else None,
     )
 
 

@@ -43,6 +43,7 @@ def test_up_hands_serve_every_flag_with_the_products_defaults(box):
         "2m", "16K", "4", "1h", "16M", "1d", "100", "4"]
     assert flag_values(serve, "--state") == [str(box.root / "State")] and "--no-way-in" in serve
     assert flag_values(serve, "--write") == ["work"]
+    assert flag_values(serve, "--checks") == [str(box.root)]  # serve checks the sandbox, after its first answer
     assert "sh" in flag_values(serve, "--program") and "python3" in flag_values(serve, "--program")
     fixed = argv[argv.index("--") + 1:]
     assert fixed[0].endswith("/prlimit") and "--unshare-net" in fixed

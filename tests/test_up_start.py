@@ -19,6 +19,7 @@ import orjson
 from conftest import LEGACY, SERVER, require_sandbox, text_of
 from sandbox_helpers import Agent, outer_sandbox
 
+from linkrun import up
 from linkrun.detached import records
 
 NO_WAY_IN = ["--no-way-in"]
@@ -50,6 +51,25 @@ def test_up_answers_the_handshake_while_its_checks_wait_and_holds_only_the_calls
         os.close(lock)
     held = server.wait_response("held", timeout=30)["result"]
     assert text_of(held).startswith("exit 0") and held["structuredContent"]["output"] == "ran", held
+    assert server.close() == 0
+
+
+def test_serve_as_up_execs_it_in_a_systemd_scope_answers_first_and_checks_after(tmp_path, servers):
+    require_sandbox()
+    box = Agent(tmp_path)
+    argv = up.plan(["--agent", str(box.root), *NO_WAY_IN], box.env)  # the serve it execs (in a scope, where one is had)
+    lock = hold_the_etc_view(box)
+    try:
+        server = servers(argv, env=box.env)
+        assert "command tool" in server.initialize()["instructions"]
+        server.send({"jsonrpc": "2.0", "id": "held", "method": "tools/call",
+                     "params": {"name": "command", "arguments": {"program": "sh", "args": ["-c", "echo ran"]}}})
+        assert server.call("list", {})["structuredContent"] == {"commands": []}
+        assert all(message.get("id") != "held" for message in server.pending)
+    finally:
+        os.close(lock)
+    held = server.wait_response("held", timeout=30)["result"]
+    assert held["structuredContent"]["output"] == "ran", held
     assert server.close() == 0
 
 

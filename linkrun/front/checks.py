@@ -10,13 +10,18 @@ interpreter and half its time), or when a call needs them. Only the calls
 that run a program in the sandbox wait; when the checks failed, those calls
 are refused with what failed and the fix, nothing runs unsandboxed, and
 serve ends with exit 1.
+
+`up` names them with serve's `--checks <agent's folder>` (the rest serve
+has: its sandbox, write folders and filter), whether it runs serve in its
+own process or execs it in a systemd scope: on both paths the handshake
+comes first.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from typing import TYPE_CHECKING
 
@@ -27,6 +32,18 @@ if TYPE_CHECKING:  # loaded with the tool layer, after the handshake
 
 # The tools that run a program in the sandbox: the others read records and files only.
 HELD = frozenset({"command", "start"})
+
+
+def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: str | None) -> None:
+    """What `up` checks of the agent's folder `root`: its /etc view made
+    current, then its sandbox started once (doctor's probe). Raises
+    LinkRunError naming the fix."""
+    from .. import agent, doctor
+    from ..sandboxing import etcview
+
+    folder = agent.locate(root)
+    etcview.ensure(folder.state)
+    doctor.probe(fixed, folder, write, seccomp)
 
 
 class Checks:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import orjson
@@ -27,7 +28,7 @@ from .protocol import (
     UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
-from .checks import Checks
+from .checks import Checks, up_checks
 from .offer import Offer
 
 if TYPE_CHECKING:  # the tool layer, loaded once the first answer is out (Session.tools)
@@ -58,7 +59,7 @@ class Session:
         self.workers = Workers()
         self.instructions = instructions
         self.on_first_answer: Callable[[], None] | None = None  # called once the first message was handled
-        self.checks = Checks(None)  # up's, when serve runs in up's process: the calls that run a program wait
+        self.checks = Checks(None)  # up's (--checks): the calls that run a program wait for them
 
     @property
     def tools(self) -> Tools:
@@ -385,9 +386,8 @@ def _tool_result(outcome: ToolResult, version: str) -> dict:
     return value
 
 
-def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
-    """serve; `checks`: up's work still to do when it runs serve in its own
-    process (checks.py), done after the handshake, before a program runs."""
+def main(argv: list[str]) -> int:
+    """serve; with --checks, up's work still to do (checks.py), done after the handshake, before a program runs."""
     if argv and argv[0] in ("-h", "--help"):
         from ..config import SERVE_USAGE
         print(f"usage: {SERVE_USAGE}")
@@ -422,7 +422,8 @@ def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
 
     # The handshake's instructions from the settings alone: the tool layer loads after it.
     session = Session(offer.instructions(), load_tools, Channel())
-    session.checks = Checks(checks)
+    if settings.checks is not None:
+        session.checks = Checks(partial(up_checks, settings.checks, settings.sandbox, settings.write, settings.seccomp))
 
     def first_answered() -> None:
         # The answer out first: the writer thread would wait for the interpreter lock the imports hold.

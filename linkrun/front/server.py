@@ -106,11 +106,12 @@ class Session:
         self.checks.forget_waiting()
         self.workers.wait(time.monotonic() + grace)
         self.calls.silence_all()
-        if self._tools is not None and self._tools.spares is not None:
-            self._tools.spares.close()
-        from ..processes import runner  # loaded by the tool layer, if it was
+        if self._tools is not None:  # without the tool layer, no call ran and no spare was made
+            if self._tools.spares is not None:
+                self._tools.spares.close()
+            from ..processes import runner
 
-        runner.kill_leftovers_now()
+            runner.kill_leftovers_now()
         self.channel.flush(FLUSH_IDLE)
         self.channel.close()
 

@@ -170,6 +170,7 @@ class Serve:
     seccomp: str | None = None  # the syscall filter file, given to each call's bwrap
     limits: Limits | None = None  # each call's cgroup limits (--limits), where a cgroup can be had
     keep: KeepSettings | None = None  # a call's cut output kept for `read` (--keep-*)
+    checks: str | None = None  # the agent's folder whose checks `up` leaves to serve (--checks; front/checks.py)
 
     @property
     def offers_background(self) -> bool:
@@ -181,6 +182,7 @@ _SERVE_VALUED = {
     "--state", "--way-in", "--as", "--keyring", "--background", "--background-timeout",
     "--background-output", "--background-keep", "--background-per-day", "--hops", "--seccomp", "--limits",
     "--keep-output", "--keep-for", "--keep-total",
+    "--checks",
 }
 _SERVE_SWITCHES = {"--proxy", "--no-way-in"}
 _REPEATABLE = {"--program", "--var", "--write"}
@@ -193,7 +195,7 @@ _BACKGROUND_REQUIRED = (
 SERVE_USAGE = (
     "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
     "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... [--seccomp <file>] "
-    "[--limits memory=<bytes>,tasks=<n>,cpu=<n>%] "
+    "[--limits memory=<bytes>,tasks=<n>,cpu=<n>%] [--checks <agent's folder>] "
     "[--state <dir> [--proxy] [--keep-output <bytes> --keep-for <duration> --keep-total <bytes>] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
     "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
     "--background-keep <duration> --background-per-day <n> --hops <n>]] -- <sandbox>..."
@@ -302,6 +304,7 @@ def parse_serve(argv: list[str]) -> Serve:
         seccomp=seccomp,
         limits=parse_limits("--limits", str(flags["--limits"])) if "--limits" in flags else None,
         keep=_parse_keep(flags),
+        checks=os.path.abspath(str(flags["--checks"])) if "--checks" in flags else None,
     )
 
 

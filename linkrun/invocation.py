@@ -12,7 +12,6 @@ the one its client gave it.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 NAME = "lnk-link-run"
@@ -28,6 +27,8 @@ def command() -> str:
     ours = os.path.join(os.path.dirname(sys.executable), NAME)
     if not os.access(ours, os.X_OK):
         return f"{sys.executable} -m linkrun"  # a source tree run without an install
+    import shutil  # here: modules on the way to serve's first answer import this one, and need not pay for it
+
     found = shutil.which(NAME)
     if found is not None and os.path.realpath(found) == os.path.realpath(ours):
         return NAME

@@ -1,9 +1,10 @@
 """`lnk-link-run up`: what Link does at an agent's start (DESIGN.md §6).
 
 It reads the sandbox file and the spec's `[tool.run]`, keeps the programs
-this machine has, creates the agent's folder, checks the sandbox (as
-`doctor`), builds the fixed part of the sandbox argv once, and execs serve
-with everything: the product's defaults live here, never in serve.
+this machine has, creates the agent's folder, builds the fixed part of the
+sandbox argv once, and runs serve with everything (the product's defaults
+live here, never in serve), which checks the sandbox as `doctor` does
+(`--checks`) once it answered the handshake.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from . import agent as agent_folder
 from . import doctor
 from .state import filing, layout
 from .network import internet
-from .sandboxing import etcview, hostfacts, sandbox, seccomp
+from .sandboxing import hostfacts, sandbox, seccomp
 from .address import parse_address
+from .front.checks import up_checks
 from .config import Flags, WayInFlags, split_flags, way_in_flags
 from .invocation import typed
 from .spec import RUN_KEYS, read_toml, run_settings
@@ -112,8 +114,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
     filter_path = seccomp.for_agent(folder.state)
 
     def check() -> None:
-        etcview.ensure(folder.state)
-        doctor.probe(fixed, folder, write, filter_path)
+        up_checks(folder.root, fixed, write, filter_path)
 
     _prepare_internet(folder, settings, route, way_in)
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
@@ -123,6 +124,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
     if filter_path:
         serve += ["--seccomp", filter_path]
     serve += ["--limits", sandbox.call_limits(settings, host).flag()]
+    serve += ["--checks", folder.root]  # serve runs them after its first answer (front/checks.py)
     serve += _background_flags(folder, settings, run, way_in, "--no-way-in" in flags)
     return _in_scope(serve + ["--"] + fixed, folder), check
 
@@ -222,21 +224,20 @@ def plan(argv: list[str], environ: Mapping[str, str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    command, check = _plan(argv, os.environ)
+    command, _ = _plan(argv, os.environ)
     _say_to_a_terminal(argv, os.environ)
     serve_at = command.index("serve") if "serve" in command else -1
     if command[0] == sys.executable and serve_at == 4:
         # serve in this process: the same program an exec would start, without
         # paying a second interpreter start and its imports (about half of
-        # up's time to its first answer). It answers the handshake before the
-        # checks end; the calls that run a program wait for them (checks.py).
-        # The scope path must exec, so it checks first, as doctor does.
+        # up's time to its first answer). Either way serve runs the checks
+        # (--checks) after it answered the handshake; the calls that run a
+        # program wait for them (checks.py).
         from .front import server
 
         sys.stdout.flush()
         sys.stderr.flush()
-        return server.main(command[serve_at + 1:], check)
-    check()
+        return server.main(command[serve_at + 1:])
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)

@@ -450,7 +450,7 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
     settings = config.parse_serve(["--files", str(files), "--programs-path", SYSTEM_PATH, "--timeout", "2m",
                                    "--output", "16K", "--program", "sh", "--write", "work",
                                    "--limits", "memory=64M,tasks=32,cpu=150%", "--", *PASS_THROUGH])
-    from linkrun.front import command_answer, tools
+    from linkrun.front import command_answer, offer
 
     from linkrun.sandboxing import fallback
 
@@ -461,7 +461,9 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
         "Each call may use at most 64M of memory (past it the call is killed); 32 processes and threads at once "
         "(past them a fork fails); 1.5 cores' worth of CPU (past it the call is slowed). The answer says which "
         "limit bit.")
-    assert command_answer.limits_sentence(tools.Tools(settings).sandbox.holding) in tools.Tools(settings).instructions()
+    offered = offer.Offer(settings)
+    assert offered.sandbox.holding is not None
+    assert command_answer.limits_sentence(offered.sandbox.holding) in offered.instructions()
     nowhere = cgroups.Place(version=0, folders={}, missing={"memory": "no delegation", "pids": "no delegation",
                                                             "cpu": "no delegation"})
     warnings = command_answer.limit_warnings(fallback.holding(settings.limits, nowhere, 120, euid=1000), nowhere)

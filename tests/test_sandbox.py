@@ -20,7 +20,7 @@ from up_harness import processes_with
 from sandbox_helpers import Agent
 
 from linkrun import agent
-from linkrun.sandboxing import sandbox
+from linkrun.sandboxing import hostfacts, sandbox
 from linkrun.errors import LinkRunError
 
 
@@ -100,6 +100,19 @@ def test_the_fixed_argv_leaves_out_disable_userns_where_bwrap_has_none(tmp_path)
     argv = sandbox.fixed_argv(agent.create(str(tmp_path / "a")), sandbox.load(None),
                               fake_host(disable_userns=False), [], [])
     assert "--disable-userns" not in argv and "--unshare-user" in argv
+
+
+def test_what_bwrap_takes_is_read_in_its_file_as_its_help_says_it_and_a_wrapper_is_asked(tmp_path):
+    require_sandbox()
+    bwrap = sandbox.find_system("bwrap")
+    assert bwrap is not None
+    said = "--disable-userns" in subprocess.run([bwrap, "--help"], capture_output=True, text=True).stdout
+    assert hostfacts.bwrap_has(bwrap, "--disable-userns") is said
+    assert hostfacts.bwrap_has(bwrap, "--no-such-option") is False
+    wrapper = tmp_path / "bwrap"  # a wrapper names no option: its --help (the real bwrap's) is asked
+    wrapper.write_text(f'#!/bin/sh\nexec {bwrap} "$@"\n')
+    wrapper.chmod(0o755)
+    assert hostfacts.bwrap_has(str(wrapper), "--disable-userns") is said
 
 
 def test_the_file_size_limit_never_exceeds_the_hard_limit(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 from conftest import SERVER, clean_env, require_sandbox, text_of
 from sandbox_helpers import Agent, outer_sandbox
 
-from linkrun import doctor, up
-from linkrun.sandboxing import sandbox
+from linkrun import up
+from linkrun.sandboxing import probe, sandbox
 from linkrun.errors import LinkRunError, UsageError
 
 
@@ -43,6 +43,7 @@ def test_up_hands_serve_every_flag_with_the_products_defaults(box):
         "2m", "16K", "4", "1h", "16M", "1d", "100", "4"]
     assert flag_values(serve, "--state") == [str(box.root / "State")] and "--no-way-in" in serve
     assert flag_values(serve, "--write") == ["work"]
+    assert flag_values(serve, "--checks") == [str(box.root)]  # serve checks the sandbox, after its first answer
     assert "sh" in flag_values(serve, "--program") and "python3" in flag_values(serve, "--program")
     fixed = argv[argv.index("--") + 1:]
     assert fixed[0].endswith("/prlimit") and "--unshare-net" in fixed
@@ -155,7 +156,7 @@ def test_up_fails_closed_when_the_files_folder_is_not_visible_inside(box):
     at = fixed.index(folder.files)  # drop the files folder's bind from the sandbox
     del fixed[at - 1:at + 2]
     with pytest.raises(LinkRunError, match="is not visible inside the sandbox"):
-        doctor.probe(fixed, folder, ["work"])
+        probe.probe(fixed, folder, ["work"])
 
 
 def test_doctor_runs_every_check_and_says_what_to_do(box):

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
 
-from conftest import SERVER, require_sandbox, text_of
+import orjson
+from conftest import LEGACY, SERVER, require_sandbox, text_of
 from sandbox_helpers import Agent, outer_sandbox
 
+from linkrun import up
 from linkrun.state import layout
 
 NO_WAY_IN = ["--no-way-in"]
@@ -51,6 +54,25 @@ def test_up_answers_the_handshake_while_its_checks_wait_and_holds_only_the_calls
     assert server.close() == 0
 
 
+def test_serve_as_up_execs_it_in_a_systemd_scope_answers_first_and_checks_after(tmp_path, servers):
+    require_sandbox()
+    box = Agent(tmp_path)
+    argv = up.plan(["--agent", str(box.root), *NO_WAY_IN], box.env)  # the serve it execs (in a scope, where one is had)
+    lock = hold_the_etc_view(box)
+    try:
+        server = servers(argv, env=box.env)
+        assert "command tool" in server.initialize()["instructions"]
+        server.send({"jsonrpc": "2.0", "id": "held", "method": "tools/call",
+                     "params": {"name": "command", "arguments": {"program": "sh", "args": ["-c", "echo ran"]}}})
+        assert server.call("list", {})["structuredContent"] == {"commands": []}
+        assert all(message.get("id") != "held" for message in server.pending)
+    finally:
+        os.close(lock)
+    held = server.wait_response("held", timeout=30)["result"]
+    assert held["structuredContent"]["output"] == "ran", held
+    assert server.close() == 0
+
+
 def test_when_ups_checks_fail_its_calls_say_why_and_it_ends_with_exit_1(tmp_path, servers):
     require_sandbox()
     box = Agent(tmp_path)
@@ -65,3 +87,47 @@ def test_when_ups_checks_fail_its_calls_say_why_and_it_ends_with_exit_1(tmp_path
     assert server.call("list", {})["structuredContent"] == {"commands": []}  # what runs nothing still works
     assert server.close(timeout=15) == 1
     assert server.stderr.decode().count("refused the sandbox its namespaces") == 1, server.stderr
+
+
+# What the handshake pays for: read in the real server's -X importtime lines,
+# which it writes on the pipe its answers go to, so the order holds.
+TOOL_LAYER = ("linkrun.front.tools", "linkrun.processes.runner", "linkrun.detached.background",
+              "linkrun.front.background_tools")
+NOT_FOR_THE_HANDSHAKE = TOOL_LAYER + ("subprocess", "shutil", "tempfile", "socket")
+
+
+def imported_until_answered(server: subprocess.Popen, request_id: int) -> list[str]:
+    """The modules the server finished importing before its answer to `request_id`, in order."""
+    assert server.stdout is not None
+    modules = []
+    while line := server.stdout.readline():
+        if line.startswith(b"import time:"):
+            modules.append(line.decode().rsplit("|", 1)[1].strip())
+        elif line.startswith(b"{") and orjson.loads(line).get("id") == request_id:
+            return modules
+    raise AssertionError(f"the server ended before answering request {request_id}")
+
+
+def test_up_answers_initialize_before_it_loads_the_tool_layer_and_loads_it_for_tools_list(tmp_path):
+    require_sandbox()
+    box = Agent(tmp_path)
+    argv = [SERVER[0], "-X", "importtime", *SERVER[1:], "up", "--agent", str(box.root), *NO_WAY_IN]
+    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=box.env)
+    assert server.stdin is not None
+    try:
+        for request_id, method, params in ((1, "initialize", {"protocolVersion": LEGACY, "capabilities": {},
+                                                                 "clientInfo": {"name": "t", "version": "0"}}),
+                                           (2, "tools/list", {})):
+            server.stdin.write(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
+                                             "params": params}) + b"\n")
+            server.stdin.flush()
+            if request_id == 1:
+                before = imported_until_answered(server, 1)
+                assert "linkrun.front.offer" in before and "tomllib" in before, before
+                assert not [name for name in NOT_FOR_THE_HANDSHAKE if name in before], before
+            else:
+                assert set(TOOL_LAYER) <= set(imported_until_answered(server, 2))
+    finally:
+        server.communicate(timeout=30)  # closes its input: the server ends
+    assert server.returncode == 0

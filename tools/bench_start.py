@@ -3,11 +3,18 @@ answered, as a client starts it, on an idle machine and beside a CPU hog.
 
 `codex exec` asks its model without a server's tools when that takes more
 than about a second. Goal: at most 100 ms at the 99th percentile, both ways.
-The baseline is a bare interpreter start, measured in the same run.
+The baseline is a bare interpreter start, measured in the same run; with
+LNK_BENCH_AGAINST=<another checkout>, that checkout's `up` too, each start
+of it right after one of ours (its package first on the path), so that both
+meet the same load.
+
+The package is compiled first, as an install is: where the environment says
+PYTHONDONTWRITEBYTECODE, every start would compile it again.
 """
 
 from __future__ import annotations
 
+import compileall
 import os
 import statistics
 import subprocess
@@ -38,19 +45,18 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-CPU: list[float] = []  # each start's CPU time at its answer: what a loaded machine multiplies
-
-
-def answered_in(argv: list[str]) -> float:
-    """Seconds from spawning `argv` to its first line on stdout, initialize sent at once, as clients do."""
+def answered_in(argv: list[str], cpu: list[float], env: dict[str, str] | None = None) -> float:
+    """Seconds from spawning `argv` to its first line on stdout, initialize sent at once, as clients do;
+    its CPU time when the answer was read goes to `cpu` (the work it goes on with meanwhile included)."""
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               env=env)
     assert process.stdin is not None and process.stdout is not None
     process.stdin.write(INIT)
     process.stdin.flush()
     line = process.stdout.readline()
     seconds = time.perf_counter() - started
-    CPU.append(cpu_seconds(process.pid))
+    cpu.append(cpu_seconds(process.pid))
     process.stdin.close()
     process.wait(timeout=30)
     process.stdout.close()
@@ -86,16 +92,33 @@ def startup(files: str, row: Callable[..., None] | None = None) -> None:
     show = row or (lambda name, value, target="", baseline="": print(f"  {name:<52} {value:>18}   {target:<22} {baseline}"))
     agent = os.path.join(os.path.dirname(files), "agent-startup")
     argv = SERVER + ["up", "--agent", agent, "--no-way-in"]
-    answered_in(argv)  # the agent's folder made, its /etc view and filter written, once
+    against = os.environ.get("LNK_BENCH_AGAINST")
+    import linkrun
+
+    for package in (os.path.dirname(linkrun.__file__), *([os.path.join(against, "linkrun")] if against else [])):
+        compileall.compile_dir(package, quiet=1)
+    other = {**os.environ, "PYTHONPATH": against} if against else None
+    answered_in(argv, [])  # the agent's folder made, its /etc view and filter written, once
     for label, beside in (("idle", None), ("beside a CPU hog", cpu_hog)):
         with beside() if beside is not None else _nothing():
-            CPU.clear()
-            up = [answered_in(argv) for _ in range(TIMES)]
+            cpu: list[float] = []
+            up, theirs, their_cpu = [], [], []
+            for _ in range(TIMES):
+                up.append(answered_in(argv, cpu))
+                if other is not None:
+                    theirs.append(answered_in(argv, their_cpu, other))
             bare = [interpreter_start() for _ in range(TIMES // 4)]
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         show(f"up → initialize answered, {label} (median, p99)",
              f"{statistics.median(up) * 1000:.1f}, {p99(up) * 1000:.1f} ms", "target p99 ≤ 100 ms",
              f"a bare interpreter start: {statistics.median(bare) * 1000:.1f} ms; its CPU to the answer: "
-             f"{statistics.median(CPU) * 1000:.1f} ms; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+             f"{statistics.median(cpu) * 1000:.1f} ms; {load}")
+        if other is not None:
+            show(f"  the same, {against}'s up, each start right after ours",
+                 f"{statistics.median(theirs) * 1000:.1f}, {p99(theirs) * 1000:.1f} ms", "",
+                 f"its CPU to the answer: {statistics.median(their_cpu) * 1000:.1f} ms; ours ÷ its: median "
+                 f"{statistics.median(up) / statistics.median(theirs):.2f}, CPU "
+                 f"{statistics.median(cpu) / statistics.median(their_cpu):.2f}")
 
 
 @contextmanager

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import TypeGuard
 
 from .. import logger
-from ..processes import runner
 from .protocol import Channel
 
 RequestId = str | int  # as the session accepts them
@@ -48,7 +47,9 @@ class Call:
     def __init__(self, request_id: RequestId, progress_token: str | int | float | None) -> None:
         self.id = request_id
         self.key = key_of(request_id)
-        self.cancel = runner.Cancel()
+        from ..processes.runner import Cancel  # here: the handshake is answered before the runner loads
+
+        self.cancel = Cancel()
         self.progress_token = progress_token
         self.progress: float | None = None  # the last sent: progress only rises
         self.done = False

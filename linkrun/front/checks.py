@@ -1,6 +1,6 @@
 """The checks `up` hands serve to run after the handshake: the sandbox's
 /etc view made current, then the sandbox started once and looked at
-(doctor's probe).
+(the sandbox's probe).
 
 `initialize` and `tools/list` never wait for them: `codex exec` asks its
 model without a server's tools when the first answer takes more than about
@@ -10,19 +10,40 @@ interpreter and half its time), or when a call needs them. Only the calls
 that run a program in the sandbox wait; when the checks failed, those calls
 are refused with what failed and the fix, nothing runs unsandboxed, and
 serve ends with exit 1.
+
+`up` names them with serve's `--checks <agent's folder>` (the rest serve
+has: its sandbox, write folders and filter), whether it runs serve in its
+own process or execs it in a systemd scope: on both paths the handshake
+comes first.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from typing import TYPE_CHECKING
 
 from .. import logger
 from ..errors import LinkRunError
-from .results import ToolResult
+
+if TYPE_CHECKING:  # loaded with the tool layer, after the handshake
+    from .results import ToolResult
 
 # The tools that run a program in the sandbox: the others read records and files only.
 HELD = frozenset({"command", "start"})
+
+
+def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: str | None) -> None:
+    """What `up` checks of the agent's folder `root`: its /etc view made
+    current, then its sandbox started once (sandboxing/probe.py). Raises
+    LinkRunError naming the fix."""
+    from .. import agent
+    from ..sandboxing import etcview, probe
+
+    folder = agent.locate(root)
+    etcview.ensure(folder.state)
+    probe.probe(fixed, folder, write, seccomp)
 
 
 class Checks:
@@ -87,6 +108,8 @@ class Checks:
         self._ended.wait()
         if self.failure is None:
             return None
+        from .results import ToolResult
+
         return ToolResult(f"Failed: the sandbox cannot start here, so nothing runs: {self.failure}", is_error=True)
 
     def passed(self) -> bool:

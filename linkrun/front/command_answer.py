@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..processes.capture import Capture
 from ..config import Serve
 from ..invocation import typed
-from ..processes.runner import Outcome
 from ..units import cores, describe_size, format_duration, killed_by_note, signal_name
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the runner's types only: the instructions (offer.py) use this module before serve loads the runner
+    from ..processes.capture import Capture
+    from ..processes.runner import Outcome
     from .kept import KeptStreams
     from ..sandboxing.cgroups import Place
     from ..sandboxing.fallback import Holding

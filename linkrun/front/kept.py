@@ -37,7 +37,6 @@ from ..detached.outfile import Look, ReadChunk, read_at
 from ..errors import Refused
 from ..processes.keeper import Keeper
 from ..processes.runner import Outcome
-from ..units import describe_size
 
 FOLDER = layout.KEPT
 STREAMS = ("output", "errors")
@@ -59,14 +58,6 @@ def kept_links(kept: KeptStreams | None) -> list[dict[str, object]]:
     return [{"type": "resource_link", "uri": URI_PREFIX + kept_id, "name": kept_id, "mimeType": "text/plain",
              "description": f"The call's {stream}, kept whole past its answer's start and end (its last bytes)"}
             for stream, kept_id in kept.ids.items()]
-
-
-def kept_sentence(keep: KeepSettings | None) -> str:
-    """The instructions' end of their sentence on a call's output."""
-    if keep is None:
-        return "."
-    return (f"; where a stream was cut, its whole (its last {describe_size(keep.output)}) is kept a while, and "
-            "read reads it by the id the answer gives.")
 
 
 def is_kept_id(value: object) -> bool:

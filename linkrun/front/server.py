@@ -16,21 +16,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 import orjson
 
 from .. import logger
 from .. import __version__
-from ..processes import runner
 from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
-from .checks import Checks
+from .checks import Checks, up_checks
+from .offer import Offer
 from .results import ToolResult
-from .tools import CallContext, Tools
+
+if TYPE_CHECKING:  # the tool layer, loaded once the first answer is out (Session.tools)
+    from .tools import CallContext, Tools
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 MODERN_VERSIONS = ("2026-07-28",)
@@ -48,15 +52,29 @@ RESOURCE_METHODS = {"resources/list", "resources/templates/list", "resources/rea
 
 
 class Session:
-    def __init__(self, tools: Tools, channel: Channel) -> None:
-        self.tools = tools
+    def __init__(self, instructions: str, load_tools: Callable[[], Tools], channel: Channel,
+                 keeps_output: bool = False) -> None:
+        self._load_tools = load_tools
+        self.keeps_output = keeps_output  # resources offered: known from the settings, before the tool layer loads
+        self._tools: Tools | None = None
+        self._tools_lock = threading.Lock()  # loaded once, whichever thread asks first
         self.channel = channel
         self.legacy_version: str | None = None  # set by initialize
         self.calls = InFlight()
         self.workers = Workers()
-        self.instructions = tools.instructions()
+        self.instructions = instructions
         self.on_first_answer: Callable[[], None] | None = None  # called once the first message was handled
-        self.checks = Checks(None)  # up's, when serve runs in up's process: the calls that run a program wait
+        self.checks = Checks(None)  # up's (--checks): the calls that run a program wait for them
+
+    @property
+    def tools(self) -> Tools:
+        """The tool table, loaded by the reader at its first use: after the
+        first answer (the handshake never waits for the tool layer's imports),
+        or for a first request that needs it."""
+        with self._tools_lock:
+            if self._tools is None:
+                self._tools = self._load_tools()
+            return self._tools
 
     # -- the read loop ----------------------------------------------------
 
@@ -93,9 +111,12 @@ class Session:
         self.checks.forget_waiting()
         self.workers.wait(time.monotonic() + grace)
         self.calls.silence_all()
-        if self.tools.spares is not None:
-            self.tools.spares.close()
-        runner.kill_leftovers_now()
+        if self._tools is not None:  # without the tool layer, no call ran and no spare was made
+            if self._tools.spares is not None:
+                self._tools.spares.close()
+            from ..processes import runner
+
+            runner.kill_leftovers_now()
         self.channel.flush(FLUSH_IDLE)
         self.channel.close()
 
@@ -256,7 +277,7 @@ class Session:
         }
 
     def _known(self, method: str) -> bool:
-        return method in KNOWN_METHODS or (method in RESOURCE_METHODS and self.tools.kept is not None)
+        return method in KNOWN_METHODS or (method in RESOURCE_METHODS and self.keeps_output)
 
     def _resources(self, request_id: RequestId, method: str, params: dict, meta: dict, modern: bool) -> dict:
         from .reading import resources
@@ -269,7 +290,7 @@ class Session:
 
     def _capabilities(self, capabilities: dict) -> dict:
         """With kept output, resources too: a call's answer links each kept stream, and resources/read serves it."""
-        if self.tools.kept is not None:
+        if self.keeps_output:
             capabilities["resources"] = {}
         return capabilities
 
@@ -290,6 +311,8 @@ class Session:
             name, arguments, meta = self._checked_call(params)
         except _BadParams as bad:
             return error(request_id, INVALID_PARAMS, str(bad))
+        from .tools import CallContext  # loaded: _checked_call asked the tool table
+
         call = Call(request_id, _progress_token(meta))
         if not self.calls.add(call):
             return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
@@ -389,9 +412,8 @@ def _tool_result(outcome: ToolResult, version: str) -> dict:
     return value
 
 
-def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
-    """serve; `checks`: up's work still to do when it runs serve in its own
-    process (checks.py), done after the handshake, before a program runs."""
+def main(argv: list[str]) -> int:
+    """serve; with --checks, up's work still to do (checks.py), done after the handshake, before a program runs."""
     if argv and argv[0] in ("-h", "--help"):
         from ..config import SERVE_USAGE
         print(f"usage: {SERVE_USAGE}")
@@ -415,16 +437,27 @@ def main(argv: list[str], checks: Callable[[], None] | None = None) -> int:
     # texts we print on stderr must not depend on the locale.
     if isinstance(sys.stderr, io.TextIOWrapper):
         sys.stderr.reconfigure(encoding="utf-8", errors="replace")
-    tools = Tools(settings)
-    session = Session(tools, Channel())
-    session.checks = Checks(checks)
-    if tools.background is not None:
-        tools.background.start_sweeping()
+    offer = Offer(settings)
+
+    def load_tools() -> Tools:
+        from .tools import Tools
+
+        tools = Tools(settings, offer)
+        if tools.background is not None:
+            tools.background.start_sweeping()
+        return tools
+
+    # The handshake's instructions from the settings alone: the tool layer loads after it.
+    session = Session(offer.instructions(), load_tools, Channel(), keeps_output=settings.keep is not None)
+    if settings.checks is not None:
+        session.checks = Checks(partial(up_checks, settings.checks, settings.sandbox, settings.write, settings.seccomp))
 
     def first_answered() -> None:
-        session.checks.start()
+        # The answer out first: the writer thread would wait for the interpreter lock the imports hold.
+        session.channel.flush(FLUSH_IDLE)
+        session.checks.start()  # on a thread of their own, beside the tool layer's loading
         # Spares and the proxy are made with what the checks make (the /etc view).
-        session.checks.after(tools.first_answered)
+        session.checks.after(session.tools.first_answered)
 
     session.on_first_answer = first_answered
     code = session.run()

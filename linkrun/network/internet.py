@@ -22,7 +22,6 @@ import collections
 import fcntl
 import os
 import select
-import socket
 import struct
 import sys
 import threading
@@ -163,6 +162,8 @@ def _answers(path: str) -> int | None:
         folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
+    import socket  # here: `up` and `sandbox` load this module on the way to serve's first answer
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         probe.connect(short_path(folder, os.path.basename(path)))
@@ -194,6 +195,8 @@ def hand_over(proxy_dir: str, pidfd: int, pid: int) -> str | None:
     sandbox whose init is `pid` (held by `pidfd`), until that init ends.
     Called while bwrap holds the program (`--block-fd`): None once the proxy
     listens there, else why the program will have no internet."""
+    import socket
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     folder = -1
     try:

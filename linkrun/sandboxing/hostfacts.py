@@ -31,6 +31,30 @@ class Host:
     key_files: tuple[str, ...] = field(default_factory=lambda: present(KEY_FILES))  # those this kernel has
 
 
+def bwrap_has(bwrap: str, option: str) -> bool:
+    """Whether this bwrap takes `option`: read in its file where that is
+    bwrap itself (an executable whose usage text names its options), else
+    (a wrapper, a file we may not read) asked of its --help. Read, not run:
+    `up` gathers these facts on the way to serve's first answer, and a spawn
+    there cost a fork and a process to wait for."""
+    try:
+        with open(bwrap, "rb") as f:
+            data = f.read(1 << 22)
+    except OSError:
+        data = b""
+    if data.startswith(b"\x7fELF") and b"--unshare-user" in data:
+        return option.encode() in data
+    import subprocess
+
+    from ..errors import LinkRunError
+
+    try:
+        help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LinkRunError(f"cannot run {bwrap}: {error}", "reinstall bubblewrap") from None
+    return option in help_text
+
+
 def hidden_keys(host: Host) -> list[str]:
     """bwrap's flags that show KEY_FILES empty: /dev/null bound over each
     (a device: `--ro-bind` would mount it nodev, and unreadable)."""

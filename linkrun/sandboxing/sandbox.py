@@ -15,7 +15,6 @@ import functools
 import os
 import re
 import resource
-import subprocess
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from ..network import internet as internet_
 from ..config import Limits
 from ..config import parse_size
 from ..errors import LinkRunError, UsageError
-from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, entries, hard_limit, hidden_keys, memory_total, nproc_limit
+from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, bwrap_has, entries, hard_limit, hidden_keys, memory_total, nproc_limit
 from .programs import which
 
 # What every sandbox has of its own: a program's folder may lie below one, never be or hold one.
@@ -212,14 +211,10 @@ def host_facts() -> Host:
     if prlimit is None:
         raise LinkRunError("prlimit is not installed, and the sandbox's limits need it",
                            "install util-linux (apt install util-linux) and start again")
-    try:
-        help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise LinkRunError(f"cannot run {bwrap}: {error}", "reinstall bubblewrap") from None
     return Host(
         bwrap=bwrap,
         prlimit=prlimit,
-        disable_userns="--disable-userns" in help_text,
+        disable_userns=bwrap_has(bwrap, "--disable-userns"),
         root=tuple(entries("/", ROOT_FOLDERS)),
         nproc=nproc_limit(int(defaults()["limits"]["nproc_margin"])),
         fsize_max=hard_limit(resource.RLIMIT_FSIZE),

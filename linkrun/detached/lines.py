@@ -185,8 +185,7 @@ def scan(fd: int, kept_from: int, size: int, pattern: Any, lines: LineRange, off
         count = _count_lines(fd, 0, size)
         first, last = max(1, count - lines.tail + 1), None
     # The line `start` falls in, and its number: newlines counted from the kept output's start.
-    line_start = _line_start(fd, kept_from, start)
-    number = 1 + _count_newlines(fd, 0, line_start - kept_from)
+    line_start, number = line_at(fd, kept_from, start)
     scanner = Scanner(pattern, first, last, number, line_start)
     found = Found(start=line_start, to=total, next=total)
     at = line_start
@@ -213,6 +212,12 @@ def scan(fd: int, kept_from: int, size: int, pattern: Any, lines: LineRange, off
             found.to, found.ended = at - len(scanner.carry), False
             break
     return _finish(found, total)
+
+
+def line_at(fd: int, kept_from: int, offset: int) -> tuple[int, int]:
+    """The offset of the line that `offset` falls in, and its number (1: the first line kept)."""
+    line_start = _line_start(fd, kept_from, offset)
+    return line_start, 1 + _count_newlines(fd, 0, line_start - kept_from)
 
 
 def _finish(found: Found, total: int) -> Found:

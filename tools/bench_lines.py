@@ -31,6 +31,7 @@ PRINTER = ("import os, sys, time\n"
 def lines(files: str, row: Callable[..., None]) -> None:
     print("lines: waiting on a line, and a supervisor telling lines (pass-through sandbox)")
     wait_latency(files, row)
+    pump_with_tell_on(files, row)
 
 
 def wait_latency(files: str, row: Callable[..., None]) -> None:
@@ -88,26 +89,40 @@ PUMP_BYTES = 1 << 30
 
 
 def pump_with_tell_on(files: str, row: Callable[..., None]) -> None:
-    """1 GiB of 64-byte lines pumped with a tell_on pattern (matching no line, so that only the
-    scan is measured) against without, in interleaved rounds; a pump's time is its command's start
-    to end less that of an empty command."""
-    tell_on = os.environ.get("LNK_BENCH_TELL_ON", "1")
-    if tell_on == "0":
-        return
-    state = tempfile.mkdtemp(prefix="state-", dir=os.path.dirname(files))
-    server = Server(background_argv(files, state, output=str(2 * PUMP_BYTES)))
+    """1 GiB of 64-byte lines pumped with a tell_on pattern (matching no line: the search alone is
+    measured) against without, in interleaved rounds, through one serve with a stand-in way in (which
+    the end messages reach); a pump's time is its command's start to its supervisor's exit, less that
+    of an empty command."""
+    scratch = os.path.dirname(files)
+    state = tempfile.mkdtemp(prefix="state-", dir=scratch)
+    keyring = tempfile.mkdtemp(prefix="keyring-", dir=scratch)
+    with open(os.open(os.path.join(keyring, "bench.key"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as key:
+        key.write(os.urandom(16).hex())
+    way_in = subprocess.Popen(SERVER + ["way-in", "--listen", "http://127.0.0.1:0/in", "--keyring", keyring],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert way_in.stderr is not None
+    address = way_in.stderr.readline().split("listening on ", 1)[1].strip()
+    server = Server(background_argv(files, state, output=str(2 * PUMP_BYTES),
+                                    extra=("--way-in", address, "--as", "bench", "--keyring", keyring)))
     server.send(INIT)
     server.wait(0)
-    times: dict[str, list[float]] = {"without": [], "tell_on": []}
-    script = f"yes '{'x' * 62}' | head -c {PUMP_BYTES}"
-    for round_ in range(3):
-        for label in times:
-            extra = {"tell_on": "^FATAL|listening on"} if label == "tell_on" else {}
-            empty = run_to_end(server, state, files, 100 * round_ + 10 * len(times[label]) + 1, 0)
-            times[label].append(run_to_end(server, state, files, 100 * round_ + 10 * len(times[label]) + 2,
-                                           PUMP_BYTES, script=script, extra=extra) - empty)
+    patterns = {"without": None, "tell_on": "^FATAL|listening on [0-9]+", "no literal": "^[0-9]+ (ok|failed)$"}
+    times: dict[str, list[float]] = {label: [] for label in patterns}
+    script = f"yes '{'x' * 63}' | head -c {PUMP_BYTES}"
+    request = 1
+    for _ in range(3):
+        for label, pattern in patterns.items():
+            extra = {"tell_on": pattern} if pattern else {}
+            empty = run_to_end(server, state, files, request, 0, extra=extra)
+            times[label].append(run_to_end(server, state, files, request + 1, PUMP_BYTES, script, extra) - empty)
+            request += 2
     server.close()
+    way_in.terminate()
+    way_in.wait()
     subprocess.run(SERVER + ["remove", "--state", state], check=True)
     without, with_tell = statistics.median(times["without"]), statistics.median(times["tell_on"])
-    row("1 GiB of lines pumped, with tell_on (median of 3)", f"{PUMP_BYTES / with_tell / 1e6:.0f} MB/s",
+    row(f"1 GiB of lines pumped, tell_on {patterns['tell_on']!r}", f"{PUMP_BYTES / with_tell / 1e6:.0f} MB/s",
         "target ≥ 0.8×", f"without, same run: {PUMP_BYTES / without / 1e6:.0f} MB/s ({without / with_tell:.2f}×)")
+    bare = statistics.median(times["no literal"])
+    row(f"  tell_on {patterns['no literal']!r} (RE2 alone: no literal)", f"{PUMP_BYTES / bare / 1e6:.0f} MB/s",
+        "", f"({without / bare:.2f}× the pump without)")

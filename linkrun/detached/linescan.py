@@ -47,6 +47,7 @@ class LineScan:
         self.written = 0  # a count the pump bumps: a change means a block or more is there
         self.unread = 0  # bytes written since the last bump
         self.ended = False
+        self.failed = False  # the thread stopped on an error: no file is held for it any more
         self.found: list[tuple[int, bytes]] = []
         self.more = 0  # lines found past MAX_HELD not yet taken: counted, not kept
         self.lost = 0  # bytes the thread could not read (the disk was full: never written)
@@ -56,11 +57,12 @@ class LineScan:
 
     def new_file(self, fd: int, kept_from: int) -> None:
         """A new output file, from its creation or a rotation's (e): held open (a dup) until read."""
-        own = os.dup(fd)
         with self.condition:
             # Bounded: the pump waits while the thread reads the files before.
-            self.condition.wait_for(lambda: len(self.files) < MAX_FILES)
-            self.files.append((own, kept_from))
+            self.condition.wait_for(lambda: len(self.files) < MAX_FILES or self.failed)
+            if self.failed:
+                return  # the search stopped (logged): the pump goes on without it
+            self.files.append((os.dup(fd), kept_from))
             self.condition.notify_all()
         if not self.thread.is_alive() and not self.ended:
             self.thread.start()
@@ -101,9 +103,10 @@ class LineScan:
         except Exception as problem:  # noqa: BLE001 - the pump goes on; only the telling of lines stops
             self.log(f"cannot look for tell_on lines any more: {problem!r}")
             with self.condition:
-                for fd, _ in self.files[1:]:
+                self.failed = True
+                for fd, _ in self.files:
                     os.close(fd)
-                del self.files[1:]
+                self.files.clear()
                 self.condition.notify_all()
 
     def _follow(self) -> None:

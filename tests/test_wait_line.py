@@ -150,3 +150,22 @@ def test_wait_with_lines_is_refused_and_a_kept_output_answers_at_once(servers, f
     assert value["until"] == "end" and [line["text"] for line in value["lines"]] == ["listening on :1"]
     answer = server.call("read", {"id": kept_id, "lines": "1-2", "wait": 5}, meta=META)
     assert answer.get("isError") is True and "wait is taken with pattern alone" in text_of(answer)
+
+
+def cpu_seconds_of(pid: int) -> float:
+    """The CPU time a process (all its threads) used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_wait_on_a_line_uses_no_cpu_while_nothing_is_printed(server, files, state):
+    command_id = cued(server, "a\n", "b\n")
+    server_read(server, id=command_id, pattern="never", wait=0.1)  # the watch's first imports, out of the count
+    before = cpu_seconds_of(server.process.pid)
+    value, _ = server_read(server, id=command_id, pattern="never", wait=2)
+    assert value["until"] == "time"
+    assert cpu_seconds_of(server.process.pid) - before < 0.05  # polling each millisecond took 0.11 s here
+    (files / "work" / "go").touch()
+    (files / "work" / "end").touch()
+    wait_ended(state, command_id)

@@ -294,8 +294,12 @@ class Supervisor:
         if self.record.get("tell_on"):
             from .tellon import LineTeller  # only here: it loads RE2 and the way in's sender
 
-            self.teller = LineTeller(self.state, self.record, self.wake_w, self.log)
-            self.teller.attach(self.output)
+            try:
+                self.teller = LineTeller(self.state, self.record, self.wake_w, self.log)
+                self.teller.attach(self.output)
+            except Exception as problem:  # noqa: BLE001 - its lines go untold; the command runs all the same
+                self.log(f"cannot look for tell_on lines: {problem!r}")
+                self.teller, self.output.scan = None, None
         watch.drain(self.out_r, self.output.pump)
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
         from ..sandboxing.gitcheck import Meanwhile  # the git check while the program runs too

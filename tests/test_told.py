@@ -11,89 +11,27 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import parent_of, stop_what_runs, SERVER, clean_env, pid_alive, serve_argv, text_of, wait_for
-from standin_helpers import WayIn as StandIn
+from conftest import parent_of, SERVER, clean_env, pid_alive, text_of, wait_for
 from standin_helpers import output_block
+from told_helpers import (AGENT, META, WayIn, make_keyring, start, state_of, supervisor_of_record, sweep,  # noqa: F401
+                          told_argv, wait_record, ways_in_of)
 
 from linkrun.state import layout, records
-
-META = {"link.local/thread": "conversation-1", "link.local/hops": 1}
-AGENT = "test-agent"
-
-
-class WayIn(StandIn):
-    """The stand-in way in of standin_helpers, read message by message."""
-
-    def __init__(self, keyring: Path, *flags: str, address: str = "http://127.0.0.1:0/in"):
-        super().__init__(keyring, address, *flags)
-        self.taken = 0
-
-    @property
-    def received(self) -> list[dict]:
-        return self.messages()
-
-    def next(self, timeout=15.0) -> dict:
-        wait_for(lambda: len(self.out) > self.taken, timeout=timeout, what="a message from the way in")
-        self.taken += 1
-        return self.received[self.taken - 1]
-
-    def nothing_more(self) -> bool:
-        return len(self.out) == self.taken
 
 
 @pytest.fixture
 def keyring(tmp_path):
-    folder = tmp_path / "keyring"
-    folder.mkdir(mode=0o700)
-    key = folder / f"{AGENT}.key"
-    key.write_bytes(os.urandom(32).hex().encode() + b"\n")
-    key.chmod(0o600)
-    return folder
+    return make_keyring(tmp_path)
 
 
 @pytest.fixture
 def ways_in(keyring):
-    started: list[WayIn] = []
-
-    def start(*flags, address="http://127.0.0.1:0/in"):
-        way_in = WayIn(keyring, *flags, address=address)
-        started.append(way_in)
-        return way_in
-
-    yield start
-    for way_in in started:
-        way_in.stop()
+    yield from ways_in_of(keyring)
 
 
 @pytest.fixture
 def state(tmp_path):
-    folder = tmp_path / "state"
-    yield folder
-    stop_what_runs(folder, "agent stopping")  # lost, so that no supervisor lingers telling
-
-
-def told_argv(files, state, keyring, address, keep="1d", timeout="1h"):
-    return serve_argv(files, "--state", str(state), "--way-in", address, "--as", AGENT, "--keyring", str(keyring),
-                      "--background", "4", "--background-timeout", timeout, "--background-output", "16M",
-                      "--background-keep", keep, "--background-per-day", "100", "--hops", "4")
-
-
-def start(server, **arguments) -> str:
-    result = server.call("start", arguments, meta=META)
-    assert "isError" not in result, text_of(result)
-    return result["structuredContent"]["id"]
-
-
-def wait_record(state, command_id, condition, what, timeout=15):
-    return wait_for(lambda: (r := records.load(str(state), command_id)) and condition(r) and r,
-                    timeout=timeout, what=what)
-
-
-def sweep(state, *flags) -> subprocess.CompletedProcess:
-    done = subprocess.run(SERVER + ["sweep", str(state), *flags], capture_output=True, text=True, timeout=60,
-                          env=clean_env())
-    assert done.returncode == 0, done.stderr
-    return done
+    yield from state_of(tmp_path)
 
 
 @pytest.mark.parametrize("script, state_name, words", [
@@ -237,21 +175,6 @@ def test_a_supervisor_killed_mid_send_is_sent_again_and_delivered_once(servers, 
     sweep(state, "--way-in", way_in.address, "--as", AGENT, "--keyring", str(keyring))
     assert way_in.next()["id"] == command_id
     assert records.load(str(state), command_id)["told"] == "told"
-
-
-def supervisor_of_record(state, record) -> int:
-    # The supervisor's pid is in its log's lines? No: find the process holding the lock.
-    lock = layout.path(str(state), record["id"], ".lock")
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == lock:
-                    return int(pid)
-        except OSError:
-            continue
-    raise AssertionError("no process holds the lock")
 
 
 def test_a_killed_supervisor_is_swept_lost_its_leftovers_killed_and_told_once(servers, files, state, keyring, ways_in):

@@ -358,7 +358,8 @@ def pump(files: str, where: str = "") -> None:
                    f"{rate:.0f} MB/s ({floor / seconds:.2f}×)", f"{floor_name}: {floor_rate:.0f} MB/s")
 
 
-def run_to_end(server: Server, state: str, files: str, request_id: int, size: int) -> float:
+def run_to_end(server: Server, state: str, files: str, request_id: int, size: int, script: str | None = None,
+               extra: dict | None = None) -> float:
     """Seconds from `start` of `head -c size /dev/zero` to its supervisor's
     exit; its output file is removed after, so that no round's writeback
     falls on the next.
@@ -367,7 +368,9 @@ def run_to_end(server: Server, state: str, files: str, request_id: int, size: in
     the pump runs would wake the supervisor's watch of the state folder at
     each look, and slow what is measured."""
     t = time.perf_counter()
-    result = call(server, request_id, "start", {"program": "head", "args": ["-c", str(size), "/dev/zero"]})
+    arguments = {"program": "head", "args": ["-c", str(size), "/dev/zero"]} if script is None or not size else \
+        {"program": "sh", "args": ["-c", script]}
+    result = call(server, request_id, "start", {**arguments, **(extra or {})})
     command_id = result["structuredContent"]["id"]
     wait_until(lambda: "leader_pid" in (load_record(state, command_id) or {}), pause=0.002)
     try:
@@ -1178,6 +1181,12 @@ def kept_search(files: str, keep: list[str], state: str) -> None:
 
 
 
+def lines(files: str):
+    from bench_lines import lines as measure  # tools/, beside this script
+
+    measure(files, row)
+
+
 def startup(files: str):
     from bench_start import startup as measure  # tools/, beside this script
 
@@ -1186,7 +1195,7 @@ def startup(files: str):
 
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
           "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup,
-          "repositories": repositories, "kept": kept}
+          "repositories": repositories, "kept": kept, "lines": lines}
 
 
 README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows

@@ -92,6 +92,10 @@ class Background:
     def start(self, request: Request, argv_tail: list[str], arguments: dict, meta: dict) -> str:
         """The new command's id."""
         thread, hops = self.conversation(meta)
+        if arguments.get("tell_on") is not None:
+            from .lines import compile_pattern
+
+            compile_pattern(arguments["tell_on"])  # refused now, saying why, if RE2 cannot take it
         if hops >= self.b.hops:
             raise Refused(f"this call is {hops} hops from a person, and start is allowed below {self.b.hops}",
                           "a command started by a told message may not start more: run it with command instead")
@@ -168,7 +172,7 @@ class Background:
             files=s.files, folder=request.folder, program=arguments["program"], args=list(request.args),
             program_argv=argv_tail, timeout=b.timeout, output=s.output, background_output=b.output,
             keep=b.keep, way_in=b.way_in, agent=b.agent, keyring=b.keyring, thread=thread, hops=hops,
-            limits=s.limits.as_record() if s.limits is not None else None)
+            limits=s.limits.as_record() if s.limits is not None else None, tell_on=arguments.get("tell_on"))
 
     def spawn_supervisor(self, command_id: str, lock_fd: int) -> int:
         log = os.open(layout.path(self.state, command_id, layout.LOG),

@@ -31,6 +31,10 @@ from ..kernel import last_errno, libc
 from ..processes.capture import utf8_head, utf8_tail
 from ..errors import LinkRunError, Refused
 from ..processes.group import CHUNK
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .linescan import LineScan
 # Read and write: a rotation copies the newest bytes out of the old file.
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 RETRY_FULL_DISK = 1.0  # seconds between tries while a disk is full
@@ -124,6 +128,7 @@ class OutputFile:
         self.splice = True
         self.buffer: bytearray | None = None
         self.null: int | None = None
+        self.scan: LineScan | None = None  # told of each write and each new file, with a tell_on pattern
 
     @classmethod
     def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[dict], None],
@@ -152,6 +157,8 @@ class OutputFile:
                 raise
             self._disk_full()
             return self._drop(pipe_fd)
+        if moved and self.scan is not None:
+            self.scan.moved(moved)
         if moved and not self.dropping and self.size >= 2 * self.cap and time.monotonic() >= self.retry_at:
             self._rotate()
         return moved
@@ -264,6 +271,8 @@ class OutputFile:
                 _unlink(next_name, self.folder_fd)  # the old file, swapped out; else the next (a) removes it
             except OSError as error:
                 self.log(f"cannot remove the old output file: {error}")
+        if self.scan is not None:
+            self.scan.new_file(new_fd, kept_from)  # the old one is final: the scan may read it to its end
         os.close(self.fd)  # (e)
         self.fd, self.inode, self.kept_from, self.size = new_fd, inode, kept_from, keep
         return True

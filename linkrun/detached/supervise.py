@@ -27,7 +27,7 @@ import time
 from .. import logger
 from ..state import layout, records
 from ..state.records import AGENT_STOPPING, State, Told
-from ..processes.child import boottime, kill_group
+from ..processes.child import boottime, kill_group, program_session
 from ..units import signal_name
 from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch, grow_pipe
@@ -43,6 +43,7 @@ USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # watchdog is loaded only by the watch thread (step 2)
     from watchdog.observers.api import BaseObserver
+    from .tellon import LineTeller
 
 
 def main(argv: list[str]) -> int:
@@ -79,6 +80,7 @@ class Supervisor:
         self.poll_every: float | None = WATCH_PENDING  # how often to look for the stop file, if at all
         self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
         self.output: OutputFile | None = None
+        self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
         # Set by spawn_gate (step 3):
         self.gate: subprocess.Popen | None = None
         self.leader: Leader | None = None  # the gate, watched; its sandbox_init may be set
@@ -292,6 +294,15 @@ class Supervisor:
         assert self.output is not None  # step 2 made it
         watch = Watch(self.leader, self.began + self.record["timeout"], log=logger.info,
                       stages=(Stage("SIGTERM to the program's session", self.terminate, TERM_GRACE),))
+        if self.record.get("tell_on"):
+            from .tellon import LineTeller  # only here: it loads RE2 and the way in's sender
+
+            try:
+                self.teller = LineTeller(self.state, self.record, self.wake_w, logger.warning)
+                self.teller.attach(self.output)
+            except Exception as problem:  # noqa: BLE001 - its lines go untold; the command runs all the same
+                logger.warning(f"cannot look for tell_on lines: {problem!r}")
+                self.teller, self.output.scan = None, None
         watch.drain(self.out_r, self.output.pump)
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
         from ..sandboxing.gitcheck import Meanwhile  # the git check while the program runs too
@@ -304,6 +315,8 @@ class Supervisor:
             logger.warning(f"git check: {note}")
         os.close(self.out_r)
         self.output.finish()
+        if self.teller is not None:
+            self.teller.finish()
         ending = watch.ending
         if self.record.get("limit") is None and self.launch.holding is not None and self.launch.holding.by_rlimit:
             from ..sandboxing.fallback import bitten  # its output is a file, not looked into: cpu alone is told
@@ -328,7 +341,8 @@ class Supervisor:
                 watch.stop(State.LOST)
             elif os.path.exists(self.stop_path):
                 watch.stop(self.stop_state())
-        return self.poll_every
+        soon = self.teller.tick() if self.teller is not None else None
+        return soon if self.poll_every is None else self.poll_every if soon is None else min(soon, self.poll_every)
 
     def empty_wake_pipe(self) -> None:
         try:
@@ -340,28 +354,8 @@ class Supervisor:
     def terminate(self) -> None:
         """SIGTERM to the program's own session inside the sandbox, else to the gate's group."""
         assert self.gate is not None  # step 3 made it
-        program = self.program_in_sandbox()
+        program = program_session(self.gate.pid) if "--new-session" in self.record["argv"] else None
         kill_group(program if program is not None else self.gate.pid, signal.SIGTERM)
-
-    def program_in_sandbox(self) -> int | None:
-        """The session the program runs in inside the sandbox, or None.
-
-        With --new-session, bwrap's pid 1 (the gate's only child) calls
-        setsid and runs the program in its session; a SIGTERM to the gate's
-        group would reach only the outer bwrap and tear the sandbox down with
-        no grace. pid 1 itself ignores the TERM (a namespace's init does
-        without a handler), so the program gets it first.
-        """
-        if "--new-session" not in self.record["argv"]:
-            return None
-        assert self.gate is not None  # step 3 made it
-        pid = self.gate.pid
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                children = f.read().split()
-            return os.getsid(int(children[0])) if children else None
-        except (OSError, ValueError):
-            return None
 
     def stop_state(self) -> str:
         """The stop file's reason, read once: the first reason wins."""

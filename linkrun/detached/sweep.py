@@ -123,9 +123,12 @@ def wake_if_backing_off(state: str, command_id: str, override: telling.WayIn | N
     way in: a wake file makes it try again at once (once a Retry-After ends),
     at the way in this sweep was given (the bridge runs a sweep as it starts, perhaps on a new address)."""
     record = records.load(state, command_id)
-    if not isinstance(record, dict) or record.get("state") in records.RUNNING_STATES:
+    if not isinstance(record, dict):
         return
-    if record.get("told") != Told.UNTOLD or record.get("first_try") is None:
+    if record.get("state") in records.RUNNING_STATES:
+        if not record.get("lines_batch"):
+            return  # running, with no tell_on message waiting for the way in
+    elif record.get("told") != Told.UNTOLD or record.get("first_try") is None:
         return
     way_in = override or telling.WayIn.of(record)
     telling.write_wake(state, command_id, way_in)

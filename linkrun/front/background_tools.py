@@ -42,11 +42,19 @@ _ENTRY = {
 }
 
 
+# The instructions' last sentences on background commands: how their ends (and lines) are learnt.
+TELL_ON = {"tell_on": {"type": "string", "description": (
+    "A regular expression (RE2 syntax, matched within each line): each line of its output that matches is told "
+    "to this conversation as it comes, in a message from run:<id>:lines:<n> (at most one a minute, the lines "
+    "found meanwhile gathered into the next), such as 'listening on|ERROR'.")}}
+
+
 def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
     b = background_settings(settings)
     no_way_in = b.way_in is None
-    told = ("use list, and read with wait, to learn how it ended" if no_way_in
-            else "a message from run:<id> tells this conversation how it ended")
+    told = ("use list, and read with wait, to learn how it ended (read with pattern and wait waits on a line)"
+            if no_way_in else "a message from run:<id> tells this conversation how it ended (and with tell_on, "
+            "of the lines that match as they come)")
     hints = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": settings.proxy}
     read_only = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
     return {
@@ -55,8 +63,8 @@ def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
             "description": (f"Start a program as command would, in the background, and answer at once with its id; "
                             f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
                             f"streams as one, goes to {layout.shown_output('<id>')} in the files folder."),
-            "inputSchema": {"type": "object", "properties": run_properties, "required": ["program"],
-                            "additionalProperties": False},
+            "inputSchema": {"type": "object", "properties": run_properties if no_way_in else {**run_properties, **TELL_ON},
+                            "required": ["program"], "additionalProperties": False},
             "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
                              "required": ["id", "output"]},
             "annotations": {"title": "Start a background command", **hints},

@@ -11,7 +11,7 @@ first byte and never shift: a next page is asked for with `offset`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..detached import outfile
@@ -19,27 +19,51 @@ from ..detached.lines import SCAN_SECONDS, Found, LineRange, compile_pattern, pa
 from ..errors import Refused
 from .kept import is_kept_id
 from .results import ToolResult
+from .waiting import END, MATCH, MAX_WAIT, Waited
 
 if TYPE_CHECKING:
     from ..detached.background import Background
     from .kept import Kept
 
 
-def find(arguments: dict, meta: dict, background: Background | None, kept: Kept | None) -> ToolResult:
-    """The lines found, or Refused (a bad range or pattern, an unknown id)."""
+def find(arguments: dict, meta: dict, background: Background | None, kept: Kept | None,
+         progress: Callable[[float, float], None] | None = None) -> ToolResult:
+    """The lines found, or Refused (a bad range or pattern, an unknown id).
+
+    With `wait` and `pattern` (not `lines`), a running command's output is
+    waited on until a line matches (waiting.py); a call's kept output has
+    ended, and is searched at once."""
     selected = parse_range(arguments["lines"]) if "lines" in arguments else LineRange()
     pattern = compile_pattern(arguments["pattern"]) if "pattern" in arguments else None
-    if arguments.get("wait"):
-        raise Refused("wait is taken by a read of bytes, not yet with lines or pattern",
-                      "leave wait out: the lines are found in the output as it is now")
+    wait = _wait(arguments)
     offset = arguments.get("offset")
-    with _look(arguments.get("id"), meta, background, kept) as look:
+    item_id = arguments.get("id")
+    if wait and background is not None and not (kept is not None and is_kept_id(item_id)):
+        from .waiting import wait_for_line
+
+        record = background.own_record(item_id, meta)
+        waited = wait_for_line(background, record, pattern, offset, wait, progress)
+        return _answer(waited.record, waited.kept_from, waited.total, waited.found, arguments, waited)
+    with _look(item_id, meta, background, kept) as look:
         total = look.kept_from + look.size
         if look.fd is None:
             found = Found(start=0, to=0, next=0)
         else:
             found = scan(look.fd, look.kept_from, look.size, pattern, selected, offset)
         return _answer(look.record, look.kept_from, total, found, arguments)
+
+
+def _wait(arguments: dict) -> float:
+    """The seconds to wait on a line: only with a pattern, and never with lines."""
+    wait = arguments.get("wait")
+    if wait is None or wait == 0:
+        return 0.0
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
+        raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT}")
+    if "lines" in arguments:
+        raise Refused("wait is taken with pattern alone, not with lines",
+                      "to wait for a line, give pattern and wait; to read lines as they are now, leave wait out")
+    return float(wait)
 
 
 @contextlib.contextmanager
@@ -61,12 +85,17 @@ def _look(item_id: object, meta: dict, background: Background | None, kept: Kept
             raise Refused(UNKNOWN.format(id=item_id)) from None
 
 
-def _answer(record: dict, kept_from: int, total: int, found: Found, arguments: dict) -> ToolResult:
+def _answer(record: dict, kept_from: int, total: int, found: Found, arguments: dict,
+            waited: Waited | None = None) -> ToolResult:
     shown = [f"{line.number} @{line.offset}: {line.data.decode('utf-8', errors='replace')}"
              + (f" [… {line.length - len(line.data)} more bytes of this line]" if line.length > len(line.data) else "")
              for line in found.lines]
     body = "\n".join(shown)
     notes = _notes(kept_from, found)
+    if "wait" in arguments and arguments["wait"]:
+        notes.insert(0, _waited_note(waited, record))
+        if waited is not None and waited.lost:
+            notes.append(f"{waited.lost} bytes were cut away by the cap before they could be searched")
     header = " · ".join([record["id"], record["state"], _what(arguments), _counted(found), *notes])
     structured = {
         "id": record["id"], "state": record["state"], "offset": found.start, "next": found.next,
@@ -74,7 +103,22 @@ def _answer(record: dict, kept_from: int, total: int, found: Found, arguments: d
         "lines": [{"line": line.number, "offset": line.offset, "text": line.data.decode("utf-8", errors="replace"),
                    "bytes": line.length} for line in found.lines],
     }
+    if "wait" in arguments and arguments["wait"]:
+        structured["until"] = waited.until if waited is not None else END
+        structured["waited"] = round(waited.seconds, 3) if waited is not None else 0.0
     return ToolResult(header + ("\n" + body if body else ""), structured, header=True, notes=notes)
+
+
+def _waited_note(waited: Waited | None, record: dict) -> str:
+    """Why a wait on a line returned, first among the notes."""
+    if waited is None:
+        return "kept output has ended: searched at once"
+    if waited.until == MATCH:
+        return f"a line matched after {waited.seconds:.2f} s"
+    if waited.until == END:
+        return f"it ended ({record['state']}) and no line after the offset matched"
+    return (f"no line matched in {waited.seconds:.1f} s and it still runs: wait again with "
+            f"offset={waited.found.next}")
 
 
 def _what(arguments: dict) -> str:

@@ -15,13 +15,13 @@ from ..detached.outfile import ReadChunk
 from ..errors import Refused
 from .kept import Kept, is_kept_id
 from .results import ToolResult
+from .waiting import MAX_WAIT
 
 if TYPE_CHECKING:
     from ..config import Serve
     from ..detached.background import Background
     from .tools import CallContext
 
-MAX_WAIT = 30  # as background.MAX_WAIT, without loading it where no background command runs
 
 
 def read_tool(background: bool, kept: bool) -> dict:
@@ -37,12 +37,14 @@ def read_tool(background: bool, kept: bool) -> dict:
         "name": "read", "title": title,
         "description": ("Read " + ", or ".join(what) + " from byte `offset` (go on from the answer's `next`), or "
                         "without offset its last bytes; `wait` (seconds, at most 30) waits for more output "
-                        "or its end."),
+                        "or its end; `wait` with `pattern` waits until a line matching it is printed (say, "
+                        "start a server, then wait for 'listening on')."),
         "inputSchema": {"type": "object", "properties": {
             "id": {"type": "string", "description": "The id of what to read, as start or command answered it."},
             "offset": {"type": "integer", "minimum": 0, "description": "The byte to read from, counted from its first byte."},
             "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
-                     "description": "Seconds to wait when there is nothing new yet (at most 30)."},
+                     "description": "Seconds to wait when there is nothing new yet (at most 30); with "
+                                    "pattern, until a line matching it comes after offset, or the command ends."},
             "lines": {"type": "string", "pattern": r"^(\d+(-\d*)?|-\d+)$",
                       "description": "Lines instead of bytes: 120-180 (lines 120 to 180), 120- (from line 120), "
                                      "120 (one line), -50 (the last 50). Line 1 is the first line kept."},
@@ -69,6 +71,9 @@ def read_tool(background: bool, kept: bool) -> dict:
             "more": {"type": "integer", "description": "With lines or pattern: lines found past those shown."},
             "searched_to": {"type": "integer", "description": "With lines or pattern: the byte the search "
                             "stopped at (total, or where its time ran out)."},
+            "until": {"type": "string", "enum": ["match", "end", "time"], "description": "With pattern and wait: "
+                      "why the wait returned: a line matched, the command ended, or the wait's time ran out."},
+            "waited": {"type": "number", "description": "With pattern and wait: the seconds it waited."},
         }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
         "annotations": {"title": title, "readOnlyHint": True, "destructiveHint": False, "idempotentHint": True,
                         "openWorldHint": False},
@@ -91,10 +96,15 @@ def answer(arguments: dict, context: CallContext, settings: Serve, background: B
     offset = arguments.get("offset")
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
         raise Refused("offset must be a whole number of bytes, 0 or more", "use the next of the last read")
+    progress = context.progress
+    report: Callable[[float, float], None] | None = None
+    if progress is not None:
+        def report(waited: float, wait: float) -> None:
+            progress(waited, wait, "waiting for output")
     if "lines" in arguments or "pattern" in arguments:
         from .finding import find
 
-        return find(arguments, context.meta, background, kept)
+        return find(arguments, context.meta, background, kept, report)
     if kept is not None and (background is None or is_kept_id(arguments.get("id"))):
         wait = arguments.get("wait", 0)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
@@ -102,11 +112,6 @@ def answer(arguments: dict, context: CallContext, settings: Serve, background: B
         chunk = kept.read(arguments.get("id"), context.meta, offset, settings.output)
         return read_answer(chunk, offset, kept.settings.output, None)
     assert background is not None  # read is offered with one of the two
-    progress = context.progress
-    report: Callable[[float, float], None] | None = None
-    if progress is not None:
-        def report(waited: float, wait: float) -> None:
-            progress(waited, wait, "waiting for output")
     chunk = background.read(arguments, context.meta, report)
     return read_answer(chunk, offset, background.b.output, background.state)
 

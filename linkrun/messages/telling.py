@@ -54,13 +54,17 @@ def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None
 
     The caller holds the record's lock.
     """
-    from . import told, wayin
+    from . import told, told_lines, wayin
 
     if not way_in.address or not way_in.agent:
         record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)
         log("no way in to tell: given up")
         return _NoWayIn()
+    if told_lines.pending(record):  # the lines a tell_on pattern matched, told before the end
+        lines = told_lines.tell_batch(state, record, way_in, log)
+        if lines is not None and lines.outcome == "not reached":
+            return lines
     record["told"] = Told.TELLING
     records.write(state, record["id"], record)
     text = told.told_text(record, last_bytes(record))

@@ -40,3 +40,21 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def program_session(gate: int) -> int | None:
+    """The session a background command's program runs in inside its sandbox (bwrap's --new-session), or
+    None; `gate` is the gate's pid, which exec'd the outer bwrap.
+
+    bwrap's pid 1 (the gate's only child) calls setsid and runs the program in
+    its session; a SIGTERM to the gate's group would reach only the outer
+    bwrap and tear the sandbox down with no grace. pid 1 itself ignores the
+    TERM (a namespace's init does without a handler), so the program gets it
+    first.
+    """
+    try:
+        with open(f"/proc/{gate}/task/{gate}/children") as f:
+            children = f.read().split()
+        return os.getsid(int(children[0])) if children else None
+    except (OSError, ValueError):
+        return None

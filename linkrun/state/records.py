@@ -63,7 +63,8 @@ def new_id() -> str:
 def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str | None, seccomp: str | None,
                files: str, folder: str | None, program: str, args: list[str], program_argv: list[str],
                timeout: float, output: int, background_output: int, keep: float, way_in: str | None,
-               agent: str | None, keyring: str | None, thread: str, hops: int, limits: dict | None) -> dict:
+               agent: str | None, keyring: str | None, thread: str, hops: int, limits: dict | None,
+               tell_on: str | None = None) -> dict:
     """A new record, state `starting`: every field of the format, in one place.
 
     What start fixes (the supervisor needs it, the sweep and the tools read it):
@@ -76,7 +77,8 @@ def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str
     the told text) and `background_output` (bytes kept); `keep` (seconds the
     files stay once told); `way_in`, `as`, `keyring` (absolute) to tell by;
     `thread` the conversation and `hops` from a person; `limits` the
-    [limits] as a dict, or None.
+    [limits] as a dict, or None; `tell_on` the pattern whose lines are told
+    as they come, or None.
 
     What the supervisor adds as it runs: `state` (State); `group`,
     `leader_pid`, `leader_start` (clock ticks since boot), `boot_id`, and the
@@ -88,7 +90,11 @@ def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str
     full disk); `ended` (epoch seconds), `exit`, `signal`.
 
     What the telling adds: `told` (Told); `first_try` (the supervisor's
-    window), `sweep_first_try` (the sweeps'), `told_at`.
+    window), `sweep_first_try` (the sweeps'), `told_at`. With `tell_on`, the
+    lines told (messages/told_lines.py): `lines_gathered` (found, not yet in a
+    message: [offset, text] each), `lines_more` (found past those shown),
+    `lines_batch` (the message being told, until told or given up),
+    `lines_sent` (messages settled), `lines_told_at`.
 
     Optional fields are absent or None until set (_OPTIONAL names their types).
     """
@@ -101,7 +107,7 @@ def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str
         "init_pid": None, "init_start": None, "limits": limits, "cgroup": None, "limit": None,
         "inode": None, "kept_from": 0, "bytes": 0, "ended": None, "exit": None, "signal": None,
         "told": Told.NO_WAY_IN if way_in is None else Told.UNTOLD,
-        "first_try": None, "sweep_first_try": None, "told_at": None,
+        "first_try": None, "sweep_first_try": None, "told_at": None, "tell_on": tell_on,
     }
 
 
@@ -114,7 +120,8 @@ _NUMBER = (int, float)
 _REQUIRED: dict[str, type | tuple[type, ...]] = {"id": str, "state": str, "thread": str, "started": _NUMBER, "files": str, "program": str,
              "args": list, "told": str}
 _OPTIONAL: dict[str, type | tuple[type, ...]] = {"folder": str, "ended": _NUMBER, "keep": _NUMBER, "timeout": _NUMBER, "inode": int,
-             "kept_from": int, "bytes": int, "prev_inode": int, "prev_kept_from": int, "dropped": int}
+             "kept_from": int, "bytes": int, "prev_inode": int, "prev_kept_from": int, "dropped": int,
+             "tell_on": str, "lines_gathered": list, "lines_more": int, "lines_batch": dict, "lines_sent": int}
 
 
 def load(state: str, command_id: str) -> dict | None:
@@ -167,7 +174,7 @@ def _is(value: object, kind: type | tuple[type, ...]) -> bool:
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
-    return "number" if isinstance(kind, tuple) else {str: "string", list: "list", int: "whole number"}[kind]
+    return "number" if isinstance(kind, tuple) else {str: "string", list: "list", int: "whole number", dict: "object"}[kind]
 
 
 def set_aside(state: str, command_id: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, serve_argv, require_sandbox, spare_ready, text_of, wait_for
+from conftest import clean_env, host_etc, serve_argv, require_sandbox, spare_ready, text_of, wait_for
 from up_harness import Up
 
 from linkrun import agent
@@ -429,19 +429,20 @@ def planted_pki() -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("planting files in the host's /etc needs root")
     pki = Path("/etc/pki")
-    made = not pki.exists()
-    top = pki / f"lnk-test-{secrets.token_hex(4)}"
-    try:
-        top.mkdir(parents=True)
-        if made:
-            pki.chmod(0o755)
-        plant_pki(top)
-        yield top
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
-        if made:
-            with contextlib.suppress(OSError):  # another test's plant is still there: its test removes it
-                pki.rmdir()
+    with host_etc(change=True):
+        made = not pki.exists()
+        top = pki / f"lnk-test-{secrets.token_hex(4)}"
+        try:
+            top.mkdir(parents=True)
+            if made:
+                pki.chmod(0o755)
+            plant_pki(top)
+            yield top
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
+            if made:
+                with contextlib.suppress(OSError):  # another run's plant is still there: its test removes it
+                    pki.rmdir()
 
 
 # Reads each file named in argv[2:] below argv[1]; prints each name and "read", "absent" or the error.

@@ -6,12 +6,15 @@ writes. Waits are for conditions with deadlines (`wait_*`), never sleeps.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import queue
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -366,14 +369,58 @@ def readable_runtime():
     shutil.rmtree(root, ignore_errors=True)
 
 
+# Flocks for every test run on this machine at once (xdist's workers, and other runs): /etc is the machine's.
+HOST_ETC_LOCK = os.path.join(tempfile.gettempdir(), "lnk-link-run-tests-etc")
+
+
+def _open_lock(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:  # only then O_CREAT: a sticky /tmp refuses it on another user's file, even to root
+        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+@contextlib.contextmanager
+def host_etc(change: bool) -> Iterator[None]:
+    """A test that changes the host's /etc (`change`) runs while none that
+    needs it steady does: a change there rebuilds every agent's /etc view,
+    and a spare made before it is not taken (a call asserted to run in one
+    would run in a sandbox made for it). The gate lets a changer in ahead of
+    readers that come after it."""
+    gate, lock = _open_lock(HOST_ETC_LOCK + ".gate"), _open_lock(HOST_ETC_LOCK + ".lock")
+    try:
+        if change:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(lock)
+        os.close(gate)
+
+
+@pytest.fixture
+def steady_etc() -> Iterator[None]:
+    """No test changes the host's /etc meanwhile (`host_etc`)."""
+    with host_etc(change=False):
+        yield
+
+
 @pytest.fixture(params=["root", "user"])
 def up_as(request, tmp_path):
-    """A real `up --no-way-in` run as root, then as an ordinary user, spoken to over MCP (an `Up`)."""
+    """A real `up --no-way-in` run as root, then as an ordinary user, spoken
+    to over MCP (an `Up`); the host's /etc steady meanwhile, unless the test
+    changes it itself (`planted_pki`)."""
     from up_harness import run_up, running_as_root
 
     require_sandbox()
     who = request.param
     if who == "root" and not running_as_root():
         pytest.skip("the root variant needs the tests to run as root")
+    if "planted_pki" not in request.fixturenames:
+        request.getfixturevalue("steady_etc")
     runtime = request.getfixturevalue("readable_runtime") if who == "user" and running_as_root() else None
     yield from run_up(who, tmp_path, runtime)

@@ -148,7 +148,7 @@ def proxy_descriptors(state: Path) -> set[str]:
     return set(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_the_proxy_lets_go_of_a_calls_listener_when_its_sandbox_ends(tmp_path, site, up_server):
+def test_the_proxy_lets_go_of_a_calls_listener_when_its_sandbox_ends(tmp_path, site, up_server, steady_etc):
     # A listener kept would keep the call's whole network alive, one per call.
     box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
     server = up_server(box)

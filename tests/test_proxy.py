@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import socketserver
@@ -359,8 +360,14 @@ def test_a_killed_proxy_is_started_again_at_the_next_ensure(tmp_path, site):
         first = internet._answers(internet.socket_path(state))
         user.ensure()  # alive: nothing to do
         assert internet._answers(internet.socket_path(state)) == first
-        os.kill(first, signal.SIGKILL)
-        wait_for(lambda: internet._answers(internet.socket_path(state)) is None, what="the proxy to die")
+        gone = os.pidfd_open(first)
+        try:
+            signal.pidfd_send_signal(gone, signal.SIGKILL)
+            # Until it has exited, as ensure sees it (its pidfd), not until its
+            # socket refuses: a dying process's files close before it exits.
+            assert select.select([gone], [], [], 10)[0], "the killed proxy did not exit"
+        finally:
+            os.close(gone)
         user.ensure()
         second = internet._answers(internet.socket_path(state))
         assert second not in (None, first)

@@ -146,6 +146,10 @@ class Users:
             return self._alive()
 
     def _alive(self) -> bool:
+        # A proxy in its last moments counts as alive: its sockets close before
+        # it has exited (and its pidfd polls). A call then is told its sandbox
+        # has no internet, as when the proxy dies just after this look; the
+        # next ensure, once it has exited, starts another.
         return self.proxy is not None and not select.select([self.proxy], [], [], 0)[0]
 
     def close(self) -> None:

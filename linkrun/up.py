@@ -20,7 +20,7 @@ from .state import filing, layout
 from .network import internet
 from .sandboxing import hostfacts, sandbox, seccomp
 from .address import parse_address
-from .front.checks import up_checks
+from .calls.setup import up_checks
 from .config import Flags, WayInFlags, split_flags, way_in_flags
 from .invocation import typed
 from .spec import RUN_KEYS, read_toml, run_settings

@@ -103,7 +103,8 @@ def test_the_supervisor_loads_neither_the_server_nor_the_tools_nor_the_sandbox_b
     log = Path(layout.path(state_of(box), command_id, ".log"))
     wait_for(lambda: log.exists() and "loaded" in log.read_text(), what="the supervisor's end")
     loaded = log.read_text().split("loaded ", 1)[1].split()
-    for module in ("linkrun.front.server", "linkrun.front.tools", "linkrun.sandboxing.sandbox", "linkrun.up", "linkrun.network.proxy",
+    for module in ("linkrun.front.server", "linkrun.front.tools", "linkrun.calls.caller", "linkrun.sandboxing.sandbox", "linkrun.up",
+                   "linkrun.network.proxy",
                    "linkrun.detached.background", "linkrun.front.protocol"):
         assert module not in loaded
     assert "linkrun.state.records" in loaded

@@ -153,7 +153,7 @@ def test_a_long_unknown_argument_is_named_cut_short(bg):
 def test_in_the_real_sandbox_its_own_arguments_count_and_the_longest_argument_runs(tmp_path, servers):
     from sandbox_helpers import Agent
 
-    from linkrun.front.arguments import LAUNCH_RESERVE
+    from linkrun.calls.setup import LAUNCH_RESERVE
 
     require_sandbox()
     agent = Agent(tmp_path)

@@ -116,6 +116,7 @@ def test_no_import_circle_in_the_package() -> None:
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("cli", "__main__", "up", "doctor", "sandbox_command", "spec")),  # what a person runs, and what only they share
     ("front", ("front",)),  # the MCP session and the tool layer
+    ("calls", ("calls",)),  # serve's calls, owned below the tool layer
     ("detached", ("detached",)),  # background commands: start, the supervisor, the sweep
     ("messages", ("messages",)),  # the told message and its sending
     ("processes", ("processes",)),  # a process group run and watched, for a call and a supervisor
@@ -148,6 +149,18 @@ def test_each_package_imports_only_below_it() -> None:
                 upward.append(f"{here} ({FLOORS[floor_of(here)][0]}) imports {imported} "
                               f"({FLOORS[floor_of(imported)][0]})")
     assert not upward, "imports against the floors (test_layout.FLOORS):\n" + "\n".join(upward)
+
+
+# The tool layer turns MCP requests into the owner of calls' requests and its
+# outcomes into MCP answers: how a call runs (its sandbox, its internet) is
+# below it (calls/), whatever the floors would allow.
+NOT_FROM_FRONT = ("network", "sandboxing")
+
+
+def test_front_imports_nothing_of_the_sandbox_or_the_internet() -> None:
+    found = [f"{module_name(path)} imports {imported}" for path in sorted((PACKAGE / "front").rglob("*.py"))
+             for imported in sorted(imports_of(path)) if imported.split(".")[1] in NOT_FROM_FRONT]
+    assert not found, "front/ reaches below the owner of calls (calls/):\n" + "\n".join(found)
 
 
 def test_contributing_names_the_floors_in_their_order() -> None:

@@ -28,7 +28,7 @@ from conftest import (PASS_THROUGH, parent_of, RawServer, clean_env, is_spare, r
 from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, kill_tagged, processes_with, program_runs,
                         running_as_root, start_up, stop_background)
 
-from linkrun.sandboxing import cgroups, sandbox
+from linkrun.sandboxing import cgroups, keptgroups, sandbox
 from linkrun import config, invocation
 from linkrun.messages import told
 from linkrun.errors import LinkRunError, UsageError
@@ -116,7 +116,7 @@ def only_kept_groups(groups: list[str]) -> bool:
     """Only the groups serve keeps for its next calls remain, and nothing is in
     them but serve's spare sandbox (made ahead of the next call, in its group)."""
     names = {os.path.basename(group) for group in groups}
-    return len(names) <= cgroups.KEEP + 1 and all(is_spare(int(pid)) for group in groups for pid in members(group).split())
+    return len(names) <= keptgroups.KEEP + 1 and all(is_spare(int(pid)) for group in groups for pid in members(group).split())
 
 
 def members(group: str) -> str:
@@ -450,6 +450,7 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
     settings = config.parse_serve(["--files", str(files), "--programs-path", SYSTEM_PATH, "--timeout", "2m",
                                    "--output", "16K", "--program", "sh", "--write", "work",
                                    "--limits", "memory=64M,tasks=32,cpu=150%", "--", *PASS_THROUGH])
+    from linkrun.calls import caller
     from linkrun.front import command_answer, offer
 
     from linkrun.sandboxing import fallback
@@ -466,8 +467,8 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
     assert command_answer.limits_sentence(offered.sandbox.holding) in offered.instructions()
     nowhere = cgroups.Place(version=0, folders={}, missing={"memory": "no delegation", "pids": "no delegation",
                                                             "cpu": "no delegation"})
-    warnings = command_answer.limit_warnings(fallback.holding(settings.limits, nowhere, 120, euid=1000), nowhere)
+    warnings = caller.limit_warnings(fallback.holding(settings.limits, nowhere, 120, euid=1000), nowhere)
     assert [w.split(" limit")[0] for w in warnings] == ["the per-call memory", "the per-call tasks",
                                                          "the per-call cpu"]
     assert all(f"(no delegation): run {invocation.typed('doctor')} for the fix" in w for w in warnings)
-    assert command_answer.limit_warnings(held, everywhere) == []
+    assert caller.limit_warnings(held, everywhere) == []

@@ -23,7 +23,7 @@ from conftest import SERVER, clean_env, require_sandbox, wait_for
 
 from linkrun.network import internet, peers, proxy, rules
 from linkrun.state import layout
-from linkrun.sandboxing import launch
+from linkrun.sandboxing import initpid
 
 
 @pytest.fixture
@@ -388,7 +388,7 @@ def run_in_held_sandbox(proxy_dir: str, program: list[str]) -> tuple[str, str | 
     os.close(block_r)
     try:
         try:
-            pidfd, pid = launch._init_pidfd(info_r)
+            pidfd, pid = initpid.init_pidfd(info_r)
             assert pidfd is not None and pid is not None
             why = internet.hand_over(proxy_dir, pidfd, pid)
             os.close(pidfd)

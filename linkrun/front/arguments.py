@@ -5,26 +5,21 @@ the limit. A refusal quotes a long value cut short.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from ..calls.setup import PUT_IT_IN_INPUT as _PUT_IT_IN_INPUT, exec_size as _size
 from ..errors import Refused
-from ..sandboxing.launch import Launch
-from ..sandboxing.programs import Programs
 from ..processes.runner import Request
 
 # What Linux's execve passes: one argument of at most MAX_ARG_STRLEN bytes, its
 # NUL included, and all of them with the environment within ARG_MAX (each
-# string's bytes, its NUL and its pointer). A launch adds a little after the
-# check (a background command's gate: its interpreter, script and three words;
-# bwrap's --info-fd): LAUNCH_RESERVE keeps room for it.
+# string's bytes, its NUL and its pointer: the launch's whole argv is checked
+# by the owner of calls, calls/setup.py:check_exec_size).
 ARG_STRLEN_MAX = 128 * 1024 - 1
-LAUNCH_RESERVE = 4096
 PATH_MAX = 4095  # a path's bytes, its NUL excluded
 NAME_MAX = 255  # one name of a path
 QUOTE_MAX = 80  # a refusal quotes a longer value cut to its start
 QUOTE_KEPT = 60
-_PUT_IT_IN_INPUT = "put long text in input, or in a file of the files folder, and let the program read it"
 
 
 def quoted(value: str) -> str:
@@ -43,14 +38,10 @@ def cut_values(text: str, arguments: Mapping[str, object]) -> str:
     return text
 
 
-def _size(text: str) -> int:
-    """Bytes as execve gets them (a lone surrogate counted as the 3 it would take)."""
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def check_run(arguments: Mapping[str, object], programs: Programs, longest: int) -> Request:
+def check_run(arguments: Mapping[str, object], resolve: Callable[[str], str], longest: int) -> Request:
     """The checks `command` and `start` share: arguments → a resolved Request;
-    `longest`: serve's --timeout, the default and the most."""
+    `resolve`: the program's host path (programs.Programs.resolve, Refused when
+    it is not allowed); `longest`: serve's --timeout, the default and the most."""
     program = arguments.get("program")
     if program is None:
         raise Refused("program is missing", "give the program to run: a bare name such as python3, or an absolute path")
@@ -77,7 +68,7 @@ def check_run(arguments: Mapping[str, object], programs: Programs, longest: int)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= longest:
         raise Refused(f"timeout must be a number of seconds above 0 and at most {longest}",
                       "leave it out for the longest")
-    path = programs.resolve(program)
+    path = resolve(program)
     return Request(path, tuple(args), text.encode() if text else None, folder, float(timeout))
 
 
@@ -89,18 +80,6 @@ def _check_path_size(what: str, path: str) -> None:
         if len(name) > NAME_MAX // 4 and _size(name) > NAME_MAX:
             raise Refused(f"{what} {quoted(path)} holds a name longer than a name may be ({NAME_MAX} bytes)",
                           f"give a shorter {what}")
-
-
-def check_exec_size(launch: Launch) -> None:
-    """Refuse what execve would fail with E2BIG (ARG_MAX), before anything runs."""
-    environment = os.environ if launch.env is None else launch.env
-    size = (sum(_size(a) + 9 for a in launch.argv)  # its NUL and its pointer
-            + sum(_size(k) + _size(v) + 10 for k, v in environment.items()))
-    arg_max = os.sysconf("SC_ARG_MAX")
-    if size > arg_max - LAUNCH_RESERVE:
-        raise Refused(f"the program's arguments take {size} bytes with the sandbox's own and its environment, "
-                      f"and Linux passes at most {arg_max} bytes to a program (ARG_MAX), "
-                      f"{LAUNCH_RESERVE} of which are kept for the launch", _PUT_IT_IN_INPUT)
 
 
 def _check_folder(folder: str) -> str:

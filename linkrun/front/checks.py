@@ -20,7 +20,7 @@ comes first.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from typing import TYPE_CHECKING
 
@@ -32,18 +32,6 @@ if TYPE_CHECKING:  # loaded with the tool layer, after the handshake
 
 # The tools that run a program in the sandbox: the others read records and files only.
 HELD = frozenset({"command", "start"})
-
-
-def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: str | None) -> None:
-    """What `up` checks of the agent's folder `root`: its /etc view made
-    current, then its sandbox started once (sandboxing/probe.py). Raises
-    LinkRunError naming the fix."""
-    from .. import agent
-    from ..sandboxing import etcview, probe
-
-    folder = agent.locate(root)
-    etcview.ensure(folder.state)
-    probe.probe(fixed, folder, write, seccomp)
 
 
 class Checks:

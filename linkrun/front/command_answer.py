@@ -10,15 +10,13 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ..config import Serve
-from ..invocation import typed
 from ..units import cores, describe_size, format_duration, killed_by_note, signal_name
 
 if TYPE_CHECKING:  # the runner's types only: the instructions (offer.py) use this module before serve loads the runner
     from ..processes.capture import Capture
     from ..processes.runner import Outcome
     from .kept import KeptStreams
-    from ..sandboxing.cgroups import Place
-    from ..sandboxing.fallback import Holding
+    from ..calls.setup import Holding
 
 PER_CALL, PER_PROCESS, NOT_HELD = "per call", "per process", "no"  # as fallback.py says them
 LIMITS_SCHEMA = {
@@ -149,20 +147,6 @@ def limits_sentence(held: Holding, background_timeout: int | None = None) -> str
     if held.not_held:
         sentence += "No limit holds here on its " + " or ".join(words[name] for name in held.not_held) + ". "
     return sentence + "The answer says which limit bit."
-
-
-def limit_warnings(held: Holding, place: Place) -> list[str]:
-    """One line for each limit that this machine holds through no cgroup, with how it holds and what to do."""
-    names = {"memory": "memory", "pids": "tasks", "cpu": "cpu"}
-    how = {"memory": "holds for each process alone (RLIMIT_DATA)", "tasks": "holds for the call (RLIMIT_NPROC)",
-           "cpu": "holds as CPU time for each process, not as a cap (RLIMIT_CPU)"}
-
-    def held_how(name: str) -> str:
-        return how[name] if name in held.by_rlimit else "does not hold"
-
-    return [f"the per-call {names[controller]} limit {held_how(names[controller])} here "
-            f"({place.missing.get(controller, 'no cgroup')}): run {typed('doctor')} for the fix"
-            for controller in held.limits.controllers() if names[controller] not in held.by_cgroup]
 
 
 def limit_text(limit: str, held: Holding | None) -> str:

@@ -10,13 +10,9 @@ tools then do. Only light modules here.
 
 from __future__ import annotations
 
-import os
-
+from ..calls.setup import CallSetup
 from ..config import KeepSettings, Serve
 from .command_answer import limits_sentence
-from ..sandboxing.programs import Programs
-from ..sandboxing.launch import Sandbox
-from ..state import layout
 from ..units import describe_size, format_duration
 
 
@@ -38,11 +34,8 @@ class Offer:
 
     def __init__(self, settings: Serve) -> None:
         self.settings = settings
-        self.programs = Programs(settings.programs, settings.programs_path, settings.sandbox)
-        self.offered = self.programs.offered()
-        self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
-                               os.path.join(settings.state, layout.PROXY_FOLDER) if settings.proxy and settings.state else None,
-                               settings.seccomp, settings.limits, longest=settings.timeout)
+        self.setup = CallSetup(settings)  # the calls' own (calls/setup.py), which the tool layer's owner of calls takes
+        self.programs, self.offered, self.sandbox = self.setup.programs, self.setup.offered, self.setup.sandbox
         # The tool table's `start`: background commands offered, and programs to run in them.
         self.offers_start = settings.offers_background and bool(settings.programs)
 

@@ -163,11 +163,11 @@ def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, cap: int, sta
         notes.append("nothing new yet: read again with wait")
     record = chunk.record
     if state is not None and record.get("proxy") and record.get("leader_pid"):
-        from ..network.internet import refused, refused_note
+        from ..calls.caller import refusals
 
-        hosts = refused(state, record["started"], record["leader_pid"])
-        if hosts:
-            notes.append(refused_note(hosts, state))
+        refused = refusals(state, record["started"], record["leader_pid"])
+        if refused:
+            notes.append(refused)
     return notes
 
 

@@ -29,7 +29,8 @@ from .protocol import (
     UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id
-from .checks import Checks, up_checks
+from ..calls.setup import up_checks
+from .checks import Checks
 from .offer import Offer
 from .results import ToolResult
 
@@ -112,11 +113,7 @@ class Session:
         self.workers.wait(time.monotonic() + grace)
         self.calls.silence_all()
         if self._tools is not None:  # without the tool layer, no call ran and no spare was made
-            if self._tools.spares is not None:
-                self._tools.spares.close()
-            from ..processes import runner
-
-            runner.kill_leftovers_now()
+            self._tools.close()
         self.channel.flush(FLUSH_IDLE)
         self.channel.close()
 
@@ -429,10 +426,10 @@ def main(argv: list[str]) -> int:
 
         check_filesystem(settings.background.state)
     if settings.proxy:
-        from ..network.internet import read_settings
+        from ..calls.setup import check_proxy_settings
 
         assert settings.state is not None  # config: --proxy needs --state
-        read_settings(settings.state)  # refused now, in one line, rather than at each call
+        check_proxy_settings(settings.state)
     # Clients pass almost no environment (no LANG): our streams are bytes, and
     # texts we print on stderr must not depend on the locale.
     if isinstance(sys.stderr, io.TextIOWrapper):

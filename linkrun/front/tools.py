@@ -9,29 +9,23 @@ what is allowed.
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import logger
+from ..calls.caller import Caller
 from ..processes import runner
 from .kept import KEPT_SCHEMA, Kept, kept_links
 from .reading import offer_kept
-from .arguments import QUOTE_MAX, check_exec_size, check_run, cut_values, quoted
-from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, limit_warnings
+from .arguments import QUOTE_MAX, check_run, cut_values, quoted
+from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note
 from ..config import Serve
 from ..errors import LinkRunError, Refused
 from .offer import Offer
-from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
-from ..sandboxing.launch import Launch, join_group, prepare, program_argv
 from .results import ToolResult, nullable
 
 if TYPE_CHECKING:
     from ..detached.background import Background
-    from ..network.internet import Users
 
 
 # A call's progress to its client: (progress, total, message).
@@ -104,26 +98,17 @@ class Tools:
     def __init__(self, settings: Serve, offer: Offer | None = None) -> None:
         self.settings = settings
         offer = offer if offer is not None else Offer(settings)  # what the instructions said: the same objects
-        self.programs, self.offered, self.sandbox = offer.programs, offer.offered, offer.sandbox
-        self._files_fd: int | None = None
-        self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
-        self._etc_watch_started = False
-        # A sandbox made ahead of each call (spare.py), for a real sandbox with its init watched.
-        self.spares = Spares(self._prepare_spare, self._start_spare, runner.end_spare) if self.sandbox.real else None
+        self.programs = offer.programs
+        self.caller = Caller(settings, offer.setup)  # runs the calls: the tool layer only words them
         self.table: dict[str, dict] = {}
         self.background: Background | None = None
-        self.proxy: Users | None = None
-        if settings.proxy and settings.state:
-            from ..network.internet import Users
-
-            self.proxy = Users(settings.state)
         if settings.programs:
             self.table["command"] = self._command_tool()
         if settings.offers_background:
             from ..detached.background import Background
             from .background_tools import tool_table
 
-            self.background = Background(settings, self._files_descriptor)
+            self.background = Background(settings, self.caller.files_descriptor)
             table = tool_table(dict(_RUN_PROPERTIES), settings)
             if not settings.programs:
                 del table["start"]
@@ -137,42 +122,11 @@ class Tools:
         """After the session's first answer: what may wait until then."""
         if self.background is not None:
             self.background.ready.set()
-        if self.settings.limits is not None:
-            threading.Thread(target=self._say_limits_that_do_not_hold, daemon=True, name="limits").start()
-        if self.proxy is not None:
-            threading.Thread(target=self._proxy_ready, daemon=True, name="proxy").start()
-        if self.spares is not None:
-            self.spares.make()
-        if self.sandbox.real:
-            threading.Thread(target=self._end_strays, daemon=True, name="strays").start()
+        self.caller.started()
 
-    def _end_strays(self) -> None:
-        """The agent's sandboxes a killed serve or supervisor left behind (strays.py)."""
-        from ..sandboxing import strays
-
-        ended = strays.end(self.settings.files)
-        if ended:
-            logger.info(f"ended {ended} sandbox process(es) of this agent that a killed serve or "
-                        f"supervisor had left behind")
-
-    def _say_limits_that_do_not_hold(self) -> None:
-        from ..sandboxing import cgroups  # not at start: initialize never waits for it
-
-        assert self.settings.limits is not None  # started only with limits
-        assert self.sandbox.holding is not None  # with limits
-        for line in limit_warnings(self.sandbox.holding, cgroups.place()):
-            logger.warning(line)
-
-    def _proxy_ready(self) -> str | None:
-        """Start the agent's proxy if none runs; None, or why the call has no internet."""
-        assert self.proxy is not None  # called only with the proxy
-        try:
-            self.proxy.ensure()
-            return None
-        except (LinkRunError, OSError) as problem:
-            why = problem.message if isinstance(problem, LinkRunError) else str(problem)
-            logger.warning(why)
-            return why
+    def close(self) -> None:
+        """At serve's end, once the calls answered or were killed."""
+        self.caller.close()
 
     # -- listing ---------------------------------------------------------
 
@@ -261,123 +215,35 @@ class Tools:
         assert background is not None  # its tools are in the table only then
         if name == "start":
             request = self.check_run(arguments)
-            os.close(runner.open_folder(self._files_descriptor(), request.folder))
-            with self.launch(request, watch_init=False, git_check=False) as launch:  # a planted link: refused now
-                check_exec_size(launch)
-            command_id = background.start(request, self.argv_tail(request), arguments, context.meta)
+            self.caller.check(request)
+            command_id = background.start(request, self.caller.argv_tail(request), arguments, context.meta)
             return answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
         if name == "list":
             return answers.list_answer(background.list(context.meta))
         return answers.stop_answer(background.stop(arguments, context.meta))
 
-    def _files_descriptor(self) -> int:
-        if self._files_fd is None:
-            self._files_fd = os.open(self.settings.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        return self._files_fd
-
     def check_run(self, arguments: dict[str, object]) -> runner.Request:
         """The checks `command` and `start` share: arguments → a resolved Request."""
-        return check_run(arguments, self.programs, self.settings.timeout)
-
-    def argv_tail(self, request: runner.Request) -> list[str]:
-        """What follows the sandbox's `--`: the program, through env when --var is given."""
-        return program_argv(request.program, request.args, self.settings.variables)
-
-    def launch(self, request: runner.Request, watch_init: bool = True, grouped: bool = True, git_check: bool = True) -> Launch:
-        """The call's whole sandbox argv and its descriptors (see launch.py); a
-        link planted on a path it binds is Refused, naming it."""
-        self._watch_etc()
-        return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(), watch_init,
-                       grouped, git_check)
-
-    def _key(self, launch: Launch) -> tuple:
-        """What a sandbox made now would show (Launch.key), and which proxy listens in it."""
-        return launch.key, self.proxy.generation if self.proxy is not None else 0
-
-    def _prepare_spare(self) -> tuple[Launch, tuple]:
-        if self.proxy is not None and not self.proxy.running():
-            raise NotNow  # a call starts the proxy and waits for it; a spare never does
-        self._watch_etc()
-        launch = prepare(self.sandbox, LOADER_TAIL, "", self._files_descriptor(), git_check=False)  # its call's looks
-        return launch, self._key(launch)
-
-    def _start_spare(self, launch: Launch, key: object) -> Spare:
-        return runner.start_spare(launch, key, self.settings.files)
-
-    def _take_spare(self, request: runner.Request, launch: Launch) -> Spare | None:
-        """The spare for this call, handed its script; None when a sandbox is
-        made for it (no spare shows what it would, or the one taken ended
-        before it read the script: nothing of the call ran, its input is whole)."""
-        if self.spares is None:
-            return None
-        data = script(request, self.argv_tail(request), self.settings.files)
-        spare = self.spares.take(self._key(launch), use=data is not None)
-        if spare is None or data is None:
-            return None
-        handed = spare.hand_over(data, bool(request.input))
-        self.spares.handed(spare, handed)
-        return spare if handed else None
-
-    def _watch_etc(self) -> None:
-        """At the first launch (not at start: initialize never waits for it),
-        the watch of the host's /etc that lets a launch skip its look when
-        nothing changed (etcview.EtcWatch), for a real sandbox that binds the
-        agent's view. It runs until serve's end."""
-        with self._etc_watch_asked:
-            if self._etc_watch_started:
-                return
-            self._etc_watch_started = True
-            at = self.sandbox.etc_view_at
-            if self.sandbox.real and at >= 0:
-                from ..sandboxing import etcview
-
-                self.sandbox.etc_watch = etcview.EtcWatch.start(etcview.source_of(self.sandbox.fixed[at + 1]))
+        return check_run(arguments, self.programs.resolve, self.settings.timeout)
 
     def _command(self, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
         request = self.check_run(arguments)
-        folder_fd = runner.open_folder(self._files_descriptor(), request.folder)
         progress = context.progress
         report: Callable[[float, int], None] | None = None
         if progress is not None:
             def report(seconds: float, total: int) -> None:  # seconds: they rise, the bytes need not
                 progress(seconds, None, f"{total} bytes of output so far")
-        counted = False  # by the spares, as a call in flight
         keeping = self.kept.begin(context.meta) if self.kept is not None else None
-        try:
-            with self.launch(request, grouped=False) as launch:
-                check_exec_size(launch)
-                no_internet = self._proxy_ready() if self.proxy is not None else None
-                since = time.time()
-                counted = self.spares is not None
-                spare = self._take_spare(request, launch)
-                if spare is None:
-                    join_group(launch, self.sandbox)
-                try:
-                    outcome = runner.run(request, launch, folder_fd, context.cancel, self.settings.output, report,
-                                         spare, keeping.keepers if keeping is not None else None)
-                finally:
-                    if spare is not None:
-                        spare.launch.close()
-                no_internet = no_internet or launch.no_internet
-        finally:
-            os.close(folder_fd)
-            if self.spares is not None:
-                self.spares.done(counted)
+        outcome = self.caller.run(request, context.cancel, report, keeping.keepers if keeping is not None else None)
         kept = self.kept.settle_call(keeping, outcome, arguments) if self.kept and keeping else None
         if outcome.cancelled:
             return None
-        text, notes = command_text(outcome, request.timeout, self.settings, "start" in self.table,
-                                   self.sandbox.holding, kept)
-        result = ToolResult(text, command_structured(outcome, self.sandbox.holding, kept), notes=notes,
-                            links=kept_links(kept))
-        if launch.git_notes:
-            result.add_note(git_note(launch.git_notes))
-        if no_internet:
-            result.add_note(f"[this call had no internet: {no_internet}]")
-        elif self.proxy is not None and self.settings.state:
-            from ..network.internet import refused, refused_note
-
-            hosts = refused(self.settings.state, since, outcome.pid)
-            if hosts:
-                result.add_note(refused_note(hosts, self.settings.state))
+        text, notes = command_text(outcome, request.timeout, self.settings, "start" in self.table, self.caller.holding, kept)
+        result = ToolResult(text, command_structured(outcome, self.caller.holding, kept), notes=notes, links=kept_links(kept))
+        if outcome.git_notes:
+            result.add_note(git_note(outcome.git_notes))
+        if outcome.no_internet:
+            result.add_note(f"[this call had no internet: {outcome.no_internet}]")
+        elif outcome.refused:
+            result.add_note(outcome.refused)
         return result

@@ -13,7 +13,6 @@ still holds the output pipes.
 from __future__ import annotations
 
 import os
-import queue
 import select
 import subprocess
 import threading
@@ -21,7 +20,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import IO
 
-from .. import logger
 from ..sandboxing import beneath
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
@@ -30,6 +28,11 @@ from ..errors import Refused
 from .group import CHUNK, Leader, Watch, grow_pipe
 from .spare import NotNow, Spare
 from ..sandboxing.launch import Launch
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # loaded only by a launch with limits
+    from ..sandboxing.cgroups import Group
+    from ..sandboxing.keptgroups import KeptGroups
 
 LEFTOVER_GRACE = 1.0
 PROGRESS_EVERY = 0.25
@@ -61,6 +64,10 @@ class Outcome:
     cancelled: bool = False
     pid: int = 0  # the sandbox's, for telling this call's proxy refusals from another's
     limit: str | None = None  # "memory", "tasks" or "cpu" when that limit bit (its cgroup's, or an rlimit's), else None
+    # Set by serve's owner of calls (calls/caller.py), for the answer's notes:
+    git_notes: list[str] = field(default_factory=list)  # what the git check set aside (gitcheck.py)
+    no_internet: str | None = None  # why the call had no internet, when it had none
+    refused: str | None = None  # the note on the hosts the proxy refused this call, if any
 
     def __repr__(self) -> str:
         how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
@@ -90,67 +97,6 @@ class Cancel:
             hook()
 
 
-# Groups whose leader exited and that are killed a second later, so that
-# shutdown can kill them at once instead.
-_leftovers: dict[int, tuple[threading.Timer, subprocess.Popen[bytes]]] = {}
-_leftovers_lock = threading.Lock()
-
-
-def kill_leftovers_now() -> None:
-    with _leftovers_lock:
-        pending = list(_leftovers.items())
-        _leftovers.clear()
-        groups = list(_groups)
-    for pgid, (timer, process) in pending:
-        timer.cancel()
-        kill_group(pgid)
-        process.wait()
-    for group in groups:
-        group.remove()
-    if _groups_made:  # else cgroups was never loaded, and need not be now
-        from ..sandboxing import cgroups
-
-        cgroups.remove_spares()
-
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # loaded only by a launch with limits
-    from ..sandboxing import cgroups
-
-# Calls' cgroups not yet kept or removed, so that shutdown removes them before it exits.
-_groups: set[cgroups.Group] = set()
-_groups_made = False
-# Kept or removed one after another by one thread, made at the first: no thread is made on a call's path.
-_ended_groups: queue.SimpleQueue[cgroups.Group] = queue.SimpleQueue()
-
-
-def _keep_or_remove_soon(group: cgroups.Group) -> None:
-    """Off the answer's path: kept for the next call once its members left
-    (they take milliseconds), else removed."""
-    global _groups_made
-    with _leftovers_lock:
-        _groups.add(group)
-        if not _groups_made:
-            threading.Thread(target=_keep_or_remove_groups, daemon=True, name="cgroups").start()
-        _groups_made = True
-    _ended_groups.put(group)
-
-
-def _keep_or_remove_groups() -> None:
-    from ..sandboxing import cgroups  # loaded already: a group is one
-
-    while True:
-        group = _ended_groups.get()
-        try:
-            if not cgroups.give_back(group):  # kept for the next call: no group to make
-                group.remove()
-                cgroups.make_spare(group.limits)
-        except Exception as problem:  # a bug of ours: said, and the next groups are still removed
-            logger.error(f"cannot remove a call's cgroup: {problem!r}")
-        with _leftovers_lock:
-            _groups.discard(group)
-
-
 def open_folder(files_fd: int, folder: str) -> int:
     """Open `folder` below the files folder one component at a time, following no link."""
     try:
@@ -162,60 +108,157 @@ def open_folder(files_fd: int, folder: str) -> int:
         raise Refused(str(problem), "give a folder of the files folder, such as work or work/project") from None
 
 
-def run(request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
-        progress: Callable[[float, int], None] | None = None, spare: Spare | None = None,
-        keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
-    """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it;
-    or, given a spare handed the call's script (spare.py), the program in the spare.
-    With `keepers` (output's, errors'), each stream is also kept whole
-    (keeper.py); the caller finishes them once this returns.
+class Runner:
+    """Serve's calls run and watched. It holds what outlives a call: the
+    groups whose leader exited, killed a second later (`close` kills them at
+    once), and hands each call's cgroup to serve's kept groups
+    (keptgroups.py) to keep or remove off the answer's path."""
 
-    `progress(seconds_so_far, bytes_so_far)` is called at most every
-    PROGRESS_EVERY seconds while output grows, and every PROGRESS_PACE
-    seconds while it does not; never after this returns.
-    """
-    started = boottime()
-    if spare is not None:
-        leader, group = spare.leader, spare.group
-    else:
-        leader, group = _spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
-    try:
-        outcome = _watch(request, leader, leader.process, started, cancel, output_limit, progress, launch, keepers)
-        outcome.limit = group.limit_hit() if group is not None else None
-        if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
-            from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
+    def __init__(self, groups: KeptGroups | None = None) -> None:
+        self.groups = groups
+        self._leftovers: dict[int, tuple[threading.Timer, subprocess.Popen[bytes]]] = {}
+        self._lock = threading.Lock()
 
-            errors = bytes(outcome.errors.head + outcome.errors.tail)
-            outcome.limit = bitten(launch.holding, outcome.exit, outcome.signal, errors)
-        return outcome
-    finally:
-        if group is not None:
-            _keep_or_remove_soon(group)
+    def close(self) -> None:
+        """At serve's end: the leftovers killed now, not a second later."""
+        with self._lock:
+            pending = list(self._leftovers.items())
+            self._leftovers.clear()
+        for pgid, (timer, process) in pending:
+            timer.cancel()
+            kill_group(pgid)
+            process.wait()
 
+    def _group_ended(self, group: Group) -> None:
+        if self.groups is not None:
+            self.groups.ended(group)
+        else:
+            group.remove(wait=1.0)
 
-def _spawn(launch: Launch, cwd: str, stdin: int) -> tuple[Leader, cgroups.Group | None]:
-    """The launch spawned, its group taken, its init held (`Launch.started`)."""
-    with launch.spawning():
-        process = subprocess.Popen(
-            launch.argv,
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            process_group=0,
-            pass_fds=tuple(launch.fds),
-            env=launch.env,
-        )
-    leader = Leader(process)
-    group = leader.cgroup = launch.take_group()
-    try:
-        leader.sandbox_init = launch.started()
-    except BaseException:
-        _abandon(leader)
-        if group is not None:
-            _keep_or_remove_soon(group)
-        raise
-    return leader, group
+    def run(self, request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
+            progress: Callable[[float, int], None] | None = None, spare: Spare | None = None,
+            keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
+        """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it;
+        or, given a spare handed the call's script (spare.py), the program in the spare.
+        With `keepers` (output's, errors'), each stream is also kept whole
+        (keeper.py); the caller finishes them once this returns.
+
+        `progress(seconds_so_far, bytes_so_far)` is called at most every
+        PROGRESS_EVERY seconds while output grows, and every PROGRESS_PACE
+        seconds while it does not; never after this returns.
+        """
+        started = boottime()
+        if spare is not None:
+            leader, group = spare.leader, spare.group
+        else:
+            leader, group = self._spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
+        try:
+            outcome = self._watch(request, leader, leader.process, started, cancel, output_limit, progress, launch, keepers)
+            outcome.limit = group.limit_hit() if group is not None else None
+            if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
+                from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
+
+                errors = bytes(outcome.errors.head + outcome.errors.tail)
+                outcome.limit = bitten(launch.holding, outcome.exit, outcome.signal, errors)
+            return outcome
+        finally:
+            if group is not None:
+                self._group_ended(group)
+
+    def _spawn(self, launch: Launch, cwd: str, stdin: int) -> tuple[Leader, Group | None]:
+        """The launch spawned, its group taken, its init held (`Launch.started`)."""
+        with launch.spawning():
+            process = subprocess.Popen(
+                launch.argv,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                process_group=0,
+                pass_fds=tuple(launch.fds),
+                env=launch.env,
+            )
+        leader = Leader(process)
+        group = leader.cgroup = launch.take_group()
+        try:
+            leader.sandbox_init = launch.started()
+        except BaseException:
+            _abandon(leader)
+            if group is not None:
+                self._group_ended(group)
+            raise
+        return leader, group
+
+    def start_spare(self, launch: Launch, key: Hashable, files: str) -> Spare:
+        """A sandbox whose loader waits for its program (spare.py), spawned by the
+        spares' thread; NotNow, ended, when the proxy did not listen in it (a
+        call's own sandbox may have the internet)."""
+        leader, group = self._spawn(launch, files, subprocess.PIPE)
+        spare = Spare(key, launch, leader, group)
+        if launch.no_internet is not None:
+            self.end_spare(spare)
+            raise NotNow(launch.no_internet)
+        return spare
+
+    def end_spare(self, spare: Spare) -> None:
+        """A spare not taken: killed with all it holds, reaped, its group kept or removed."""
+        _abandon(spare.leader)
+        spare.launch.close()
+        if spare.group is not None:
+            self._group_ended(spare.group)
+
+    def _watch(self, request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
+               output_limit: int, progress: Callable[[float, int], None] | None, launch: Launch,
+               keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
+        cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
+        sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
+        watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
+        output, errors = Capture(output_limit), Capture(output_limit)
+        buffer = memoryview(bytearray(CHUNK))
+        kept = keepers or (None, None)
+        readers = (CaptureReader(output, buffer, kept[0]), CaptureReader(errors, buffer, kept[1]))
+        try:
+            assert process.stdout is not None and process.stderr is not None  # run made both pipes
+            watch.drain(process.stdout.fileno(), readers[0])
+            watch.drain(process.stderr.fileno(), readers[1])
+            if request.input and process.stdin is not None:  # a pipe exactly when there is input
+                _Input(watch, process.stdin, request.input)
+            watch.run(_ticks(_Progress(progress, output, errors, started) if progress is not None else None, launch))
+        except BaseException:
+            leader.kill()  # done already if the watch itself failed
+            process.wait()
+            for keeper in keepers or ():
+                keeper.finish(False)  # a call that failed keeps nothing
+            raise
+        finally:
+            leader.close()
+            for reader in readers:
+                reader.close()
+            for pipe in (process.stdin, process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
+        seconds = boottime() - started
+        if leader.killed or sandboxed:
+            kill_group(process.pid)  # the unreaped leader keeps the group id ours
+            process.wait()
+        else:
+            self._kill_later(process.pid, process)
+        return Outcome(watch.exit, watch.signal, watch.ending == "timed out", round(seconds, 3), output, errors,
+                       cancel.cancelled, process.pid)
+
+    def _kill_later(self, pgid: int, process: subprocess.Popen[bytes]) -> None:
+        def kill() -> None:
+            with self._lock:
+                if self._leftovers.pop(pgid, None) is None:
+                    return
+            kill_group(pgid)
+            process.wait()  # reaped only now, so the group id stayed ours
+
+        timer = threading.Timer(LEFTOVER_GRACE, kill)
+        timer.daemon = True
+        with self._lock:
+            self._leftovers[pgid] = (timer, process)
+        timer.start()
 
 
 def _abandon(leader: Leader) -> None:
@@ -230,81 +273,6 @@ def _abandon(leader: Leader) -> None:
                 pipe.close()
             except OSError:
                 pass  # a write to the dead loader left unflushed
-
-
-def start_spare(launch: Launch, key: Hashable, files: str) -> Spare:
-    """A sandbox whose loader waits for its program (spare.py), spawned by the
-    spares' thread; NotNow, ended, when the proxy did not listen in it (a
-    call's own sandbox may have the internet)."""
-    leader, group = _spawn(launch, files, subprocess.PIPE)
-    spare = Spare(key, launch, leader, group)
-    if launch.no_internet is not None:
-        end_spare(spare)
-        raise NotNow(launch.no_internet)
-    return spare
-
-
-def end_spare(spare: Spare) -> None:
-    """A spare not taken: killed with all it holds, reaped, its group kept or removed."""
-    _abandon(spare.leader)
-    spare.launch.close()
-    if spare.group is not None:
-        _keep_or_remove_soon(spare.group)
-
-
-def _watch(request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
-           output_limit: int, progress: Callable[[float, int], None] | None, launch: Launch,
-           keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
-    cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
-    sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
-    watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
-    output, errors = Capture(output_limit), Capture(output_limit)
-    buffer = memoryview(bytearray(CHUNK))
-    kept = keepers or (None, None)
-    readers = (CaptureReader(output, buffer, kept[0]), CaptureReader(errors, buffer, kept[1]))
-    try:
-        assert process.stdout is not None and process.stderr is not None  # run made both pipes
-        watch.drain(process.stdout.fileno(), readers[0])
-        watch.drain(process.stderr.fileno(), readers[1])
-        if request.input and process.stdin is not None:  # a pipe exactly when there is input
-            _Input(watch, process.stdin, request.input)
-        watch.run(_ticks(_Progress(progress, output, errors, started) if progress is not None else None, launch))
-    except BaseException:
-        leader.kill()  # done already if the watch itself failed
-        process.wait()
-        for keeper in keepers or ():
-            keeper.finish(False)  # a call that failed keeps nothing
-        raise
-    finally:
-        leader.close()
-        for reader in readers:
-            reader.close()
-        for pipe in (process.stdin, process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
-    seconds = boottime() - started
-    if leader.killed or sandboxed:
-        kill_group(process.pid)  # the unreaped leader keeps the group id ours
-        process.wait()
-    else:
-        _kill_later(process.pid, process)
-    return Outcome(watch.exit, watch.signal, watch.ending == "timed out", round(seconds, 3), output, errors,
-                   cancel.cancelled, process.pid)
-
-
-def _kill_later(pgid: int, process: subprocess.Popen[bytes]) -> None:
-    def kill() -> None:
-        with _leftovers_lock:
-            if _leftovers.pop(pgid, None) is None:
-                return
-        kill_group(pgid)
-        process.wait()  # reaped only now, so the group id stayed ours
-
-    timer = threading.Timer(LEFTOVER_GRACE, kill)
-    timer.daemon = True
-    with _leftovers_lock:
-        _leftovers[pgid] = (timer, process)
-    timer.start()
 
 
 class _Input:

@@ -219,7 +219,7 @@ class Group:
     def limit_hit(self) -> str | None:
         """"memory" when its out-of-memory killer killed in it, "tasks" when a
         fork was refused at its task limit, else None: since the last look,
-        as a group kept for the next call counts on (`give_back`)."""
+        as a group kept for the next call counts on (keptgroups.py)."""
         before, self.seen = self.seen, self._counts()
         if self.seen[0] > before[0]:
             return "memory"
@@ -376,72 +376,6 @@ def make(limits: Limits, name: str | None = None, where: Place | None = None) ->
         group.remove(wait=1.0)
         raise
     return group
-
-
-# -- groups made ahead ---------------------------------------------------------
-
-# serve keeps the groups its calls left empty, and makes the next call's
-# group off the answer's path when it has none (mkdir and the limits' files
-# cost some 0.6 ms for three controllers, and removing one as much): a call
-# takes a kept group. A serve killed outright leaves its kept groups to the
-# next serve's `end_orphans`, like any group of a process that is gone.
-_spares: dict[Limits, list[Group]] = {}
-_spares_lock = threading.Lock()
-_spares_closed = threading.Event()  # set at shutdown: no group is made ahead or kept any more
-KEEP = 32  # the most empty groups kept per limits: as many calls as ran at once, within reason
-
-
-def take(limits: Limits) -> Group | None:
-    """A group for one launch: a kept one for these limits, else a new one (as `make`)."""
-    with _spares_lock:
-        kept = _spares.get(limits)
-        group = kept.pop() if kept else None
-    return group if group is not None else make(limits)
-
-
-def give_back(group: Group, wait: float = 5.0) -> bool:
-    """After its call: True when the group is kept for the next call with its
-    limits, which it is once nothing is left in it (the sandbox's init takes
-    some milliseconds to end after its call: waited for, up to `wait`
-    seconds); else the caller removes it. Call `limit_hit` first: the next
-    call counts on from there."""
-    if not group.wait_empty(wait):
-        return False
-    with _spares_lock:
-        kept = _spares.setdefault(group.limits, [])
-        if _spares_closed.is_set() or len(kept) >= KEEP:
-            return False
-        kept.append(group)
-    return True
-
-
-def make_spare(limits: Limits) -> None:
-    """Make the next call's group now, off the answer's path, unless one is
-    kept. A group that cannot be made is left to the next call, which says why."""
-    with _spares_lock:
-        if _spares_closed.is_set() or _spares.get(limits):
-            return
-    try:
-        group = make(limits)
-    except OSError:
-        return
-    if group is None:
-        return
-    with _spares_lock:
-        if not _spares_closed.is_set() and not _spares.get(limits):
-            _spares[limits] = [group]
-            return
-    group.remove(wait=1.0)
-
-
-def remove_spares() -> None:
-    """At shutdown: no group is made ahead or kept any more, and those made or kept are removed."""
-    with _spares_lock:
-        _spares_closed.set()
-        spares = [group for kept in _spares.values() for group in kept]
-        _spares.clear()
-    for group in spares:
-        group.remove(wait=1.0)
 
 
 _swept: set[str] = set()

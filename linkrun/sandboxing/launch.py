@@ -51,14 +51,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import resource
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..config import Limits
-from ..kernel import own_session_keyring, read_small
+from ..kernel import own_session_keyring
+from .initpid import init_pidfd
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
@@ -66,8 +66,8 @@ if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's sta
     from .fallback import Holding
     from .etcview import EtcWatch
     from .gitcheck import GitLook
+    from .keptgroups import KeptGroups
 
-INFO_LIMIT = 4096  # bwrap's info is one small JSON object
 
 
 @dataclass
@@ -83,6 +83,7 @@ class Sandbox:
     etc_watch: EtcWatch | None = None  # serve's watch of the host's /etc: a launch looks only after a change
     longest: int | None = None  # the most seconds a launch runs: the span of a cpu limit held by an rlimit
     place: Place | None = None  # where cgroups can be made; None: where this process can make them
+    groups: KeptGroups | None = None  # serve's calls' groups, a launch's taken there; None: each made afresh
 
     @functools.cached_property
     def holding(self) -> Holding | None:
@@ -180,7 +181,7 @@ class Launch:
         kill it with SIGPIPE."""
         if self.info_r is None:
             return None
-        pidfd, self.init_pid = _init_pidfd(self.info_r)
+        pidfd, self.init_pid = init_pidfd(self.info_r)
         if self.block_w is not None:
             self._before_program(pidfd)
         return pidfd
@@ -291,7 +292,7 @@ def prepare(sandbox: Sandbox, tail: Sequence[str], folder: str = "", files_fd: i
 def join_group(launch: Launch, sandbox: Sandbox, watch_init: bool = True) -> None:
     """With limits, the launch's cgroup (see prepare)."""
     if sandbox.limits is not None and watch_init and sandbox.holding is not None and sandbox.holding.by_cgroup:
-        _join_group(launch, sandbox.limits)
+        _join_group(launch, sandbox.limits, sandbox.groups)
 
 
 # Writes its own pid into each `cgroup.procs` named before `--`, then becomes the rest.
@@ -299,11 +300,11 @@ JOIN = ('while [ "$1" != -- ]; do echo $$ >"$1" || { echo "lnk-link-run: cannot 
         'exit 125; }; shift; done; shift; exec "$@"')
 
 
-def _join_group(launch: Launch, limits: Limits) -> None:
+def _join_group(launch: Launch, limits: Limits, groups: KeptGroups | None) -> None:
     try:
         from . import cgroups
 
-        launch.group = cgroups.take(limits)
+        launch.group = groups.take(limits) if groups is not None else cgroups.make(limits)
     except OSError as error:
         launch.close()
         from ..errors import LinkRunError
@@ -438,46 +439,3 @@ def program_argv(program: str, args: Sequence[str], variables: Sequence[tuple[st
     if variables:
         return ["/usr/bin/env"] + [f"{name}={value}" for name, value in variables] + [program, *args]
     return [program, *args]
-
-
-def _init_pidfd(info_r: int) -> tuple[int | None, int | None]:
-    """Read `{"child-pid": N}` from bwrap's info pipe and hold N by a pidfd.
-
-    bwrap writes the pid as soon as its init exists, and the namespaces' ids
-    only once they are set up: the read stops at the pid. Once held, the pid
-    is checked to be a pid namespace's init (its parent may have changed
-    already, if a program cut it loose), so a pid reused meanwhile by a process
-    of the host is never the one killed.
-    """
-    data = b""
-    pid = None
-    while pid is None and len(data) < INFO_LIMIT:
-        chunk = os.read(info_r, INFO_LIMIT)
-        if not chunk:
-            break
-        data += chunk
-        pid = _child_pid(data)
-    if pid is None:
-        return None, None
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return None, None  # ended already: its namespace with it
-    if not _is_namespace_init(pid):
-        os.close(pidfd)
-        return None, None
-    return pidfd, pid
-
-
-def _child_pid(info: bytes) -> int | None:
-    match = re.search(rb'"child-pid"\s*:\s*(\d+)\s*[,}]', info)
-    return int(match[1]) if match else None
-
-
-def _is_namespace_init(pid: int) -> bool:
-    status = read_small(f"/proc/{pid}/status")
-    at = status.find(b"\nNSpid:") if status is not None else -1
-    if status is None or at < 0:
-        return False
-    ns_pids = status[at + 7:status.find(b"\n", at + 1)].split()  # its pid in each namespace, ours first
-    return len(ns_pids) > 1 and ns_pids[-1] == b"1"

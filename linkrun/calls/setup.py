@@ -1,0 +1,76 @@
+"""What serve's calls are made with, from its settings alone: the programs
+this machine has of the allowlist and the sandbox each call runs in; what
+execve can take; and the checks before serve's first call (up's, the
+proxy's settings).
+
+Light: serve answers `initialize` with instructions built on these before it
+loads the owner of its calls (caller.py) and the tool layer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from ..config import Serve
+from ..errors import Refused
+from ..sandboxing.launch import Launch, Sandbox
+from ..sandboxing.programs import Programs
+from ..state import layout
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # how a call's limits hold: the tool layer words it, as the owner hands it
+    from ..sandboxing.fallback import Holding as Holding
+
+# A launch adds a little after the arguments' check (a background command's
+# gate: its interpreter, script and three words; bwrap's --info-fd):
+# LAUNCH_RESERVE keeps room for it.
+LAUNCH_RESERVE = 4096
+PUT_IT_IN_INPUT = "put long text in input, or in a file of the files folder, and let the program read it"
+
+
+class CallSetup:
+    """The programs and the sandbox of serve's calls, built once from its settings."""
+
+    def __init__(self, settings: Serve) -> None:
+        self.programs = Programs(settings.programs, settings.programs_path, settings.sandbox)
+        self.offered = self.programs.offered()
+        self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
+                               os.path.join(settings.state, layout.PROXY_FOLDER) if settings.proxy and settings.state else None,
+                               settings.seccomp, settings.limits, longest=settings.timeout)
+
+
+def exec_size(text: str) -> int:
+    """Bytes as execve gets them (a lone surrogate counted as the 3 it would take)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_exec_size(launch: Launch) -> None:
+    """Refuse what execve would fail with E2BIG (ARG_MAX), before anything runs."""
+    environment = os.environ if launch.env is None else launch.env
+    size = (sum(exec_size(a) + 9 for a in launch.argv)  # its NUL and its pointer
+            + sum(exec_size(k) + exec_size(v) + 10 for k, v in environment.items()))
+    arg_max = os.sysconf("SC_ARG_MAX")
+    if size > arg_max - LAUNCH_RESERVE:
+        raise Refused(f"the program's arguments take {size} bytes with the sandbox's own and its environment, "
+                      f"and Linux passes at most {arg_max} bytes to a program (ARG_MAX), "
+                      f"{LAUNCH_RESERVE} of which are kept for the launch", PUT_IT_IN_INPUT)
+
+
+def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: str | None) -> None:
+    """What `up` checks of the agent's folder `root`: its /etc view made
+    current, then its sandbox started once (sandboxing/probe.py). Raises
+    LinkRunError naming the fix."""
+    from .. import agent
+    from ..sandboxing import etcview, probe
+
+    folder = agent.locate(root)
+    etcview.ensure(folder.state)
+    probe.probe(fixed, folder, write, seccomp)
+
+
+def check_proxy_settings(state: str) -> None:
+    """The agent's internet settings read once at serve's start: refused now, in one line, rather than at each call."""
+    from ..network.internet import read_settings
+
+    read_settings(state)

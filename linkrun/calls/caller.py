@@ -3,7 +3,7 @@ in, an Outcome out. Made once, when the tool layer loads; closed once, at
 serve's end.
 
 It owns what serve's calls share: the files folder's descriptor, the
-sandbox's watch of the host's /etc (etcview.EtcWatch), the spares
+sandbox's watch of the host's /etc (etcwatch.py), the spares
 (spare.py), the agent's proxy (internet.Users), the kept cgroups
 (keptgroups.py), the runner and its leftovers (runner.Runner); and the work
 begun after serve's first answer (the limits said, the proxy started, the
@@ -85,7 +85,7 @@ class Caller:
     def close(self) -> None:
         """At serve's end, once its calls answered or were killed: the spares
         ended, the leftovers killed, the cgroups removed, the proxy let go
-        (it is the agent's, and runs on)."""
+        (it is the agent's, and runs on), the /etc watch stopped."""
         if self.spares is not None:
             self.spares.close()
         self.runner.close()
@@ -93,6 +93,11 @@ class Caller:
             self.groups.close()
         if self.proxy is not None:
             self.proxy.close()
+        with self._etc_watch_asked:
+            self._etc_watch_started = True  # none starts any more
+            watch, self.sandbox.etc_watch = self.sandbox.etc_watch, None
+        if watch is not None:
+            watch.close()
 
     # -- a call ------------------------------------------------------------
 
@@ -188,17 +193,18 @@ class Caller:
     def _watch_etc(self) -> None:
         """At the first launch (not at start: initialize never waits for it),
         the watch of the host's /etc that lets a launch skip its look when
-        nothing changed (etcview.EtcWatch), for a real sandbox that binds the
-        agent's view. It runs until serve's end."""
+        nothing changed (etcwatch.py), for a real sandbox that binds the
+        agent's view. It runs until serve's end (`close`)."""
         with self._etc_watch_asked:
             if self._etc_watch_started:
                 return
             self._etc_watch_started = True
             at = self.sandbox.etc_view_at
             if self.sandbox.real and at >= 0:
-                from ..sandboxing import etcview
+                from ..sandboxing.etcview import source_of
+                from ..sandboxing.etcwatch import EtcWatch
 
-                self.sandbox.etc_watch = etcview.EtcWatch.start(etcview.source_of(self.sandbox.fixed[at + 1]))
+                self.sandbox.etc_watch = EtcWatch.start(source_of(self.sandbox.fixed[at + 1]))
 
     def _proxy_ready(self) -> str | None:
         """Start the agent's proxy if none runs; None, or why the call has no internet."""

@@ -41,6 +41,14 @@ def key_of(request_id: RequestId) -> Key:
     return (type(request_id).__name__, request_id)
 
 
+def progress_token(meta: dict) -> str | int | float | None:
+    """A call's progress token, when it is one (a bool is not)."""
+    token = meta.get("progressToken")
+    if isinstance(token, bool) or not isinstance(token, (str, int, float)):
+        return None
+    return token
+
+
 class Call:
     """A request in flight: its cancel switch and whether it may still speak."""
 

@@ -29,6 +29,18 @@ class ToolResult:
         else:
             self.text += "\n" + note
 
+    def answer(self, version: str) -> dict[str, object]:
+        """The `tools/call` result a client at protocol `version` reads (fields by revision)."""
+        content: list[dict[str, object]] = [{"type": "text", "text": self.text}]
+        value: dict[str, object] = {"content": content}
+        if self.is_error:
+            value["isError"] = True
+        elif self.structured is not None and version >= "2025-06-18":
+            value["structuredContent"] = self.structured
+        if self.links and not self.is_error and version >= "2025-06-18":  # resource_link: 2025-06-18 on
+            content += self.links
+        return value
+
 
 def nullable(kind: str, description: str = "") -> dict[str, object]:
     """A value of `kind` or null, spelt with anyOf: clients that read `type`

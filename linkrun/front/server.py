@@ -28,7 +28,7 @@ from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
-from .calls import Call, InFlight, RequestId, Workers, is_id
+from .calls import Call, InFlight, RequestId, Workers, is_id, progress_token
 from ..calls.setup import up_checks
 from .checks import Checks
 from .offer import Offer
@@ -310,7 +310,7 @@ class Session:
             return error(request_id, INVALID_PARAMS, str(bad))
         from .tools import CallContext  # loaded: _checked_call asked the tool table
 
-        call = Call(request_id, _progress_token(meta))
+        call = Call(request_id, progress_token(meta))
         if not self.calls.add(call):
             return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
 
@@ -365,7 +365,7 @@ class Session:
         """The call's answer, or None when it was cancelled (it gets none)."""
         if outcome is None or not call.may_answer():
             return None
-        return result(call.id, self._complete(_tool_result(outcome, version), modern))
+        return result(call.id, self._complete(outcome.answer(version), modern))
 
 
 def _lone_surrogate_refused(message: object) -> dict | None:
@@ -388,25 +388,6 @@ def _lone_surrogate_refused(message: object) -> dict | None:
 
 class _BadParams(Exception):
     """A tools/call whose params are wrong: the message says what."""
-
-
-def _progress_token(meta: dict) -> str | int | float | None:
-    """The call's progress token, when it is one (a bool is not)."""
-    token = meta.get("progressToken")
-    if isinstance(token, bool) or not isinstance(token, (str, int, float)):
-        return None
-    return token
-
-
-def _tool_result(outcome: ToolResult, version: str) -> dict:
-    value: dict = {"content": [{"type": "text", "text": outcome.text}]}
-    if outcome.is_error:
-        value["isError"] = True
-    elif outcome.structured is not None and version >= "2025-06-18":
-        value["structuredContent"] = outcome.structured
-    if outcome.links and not outcome.is_error and version >= "2025-06-18":  # resource_link: 2025-06-18 on
-        value["content"] += outcome.links
-    return value
 
 
 def main(argv: list[str]) -> int:

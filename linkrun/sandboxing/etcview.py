@@ -17,7 +17,7 @@ boot, and every entry's lstat); `ETC_VIEW`, a link to the current view;
 
 Refreshed (`refresh`, before each launch): the allowed entries are lstat'ed
 and compared with the current view's print, in serve only when its watch
-of the host's folder (`EtcWatch`, inotify) saw a change since the last
+of the host's folder (etcwatch.py, inotify) saw a change since the last
 look; elsewhere, or when the watch cannot run, at most once a second, for
 all the agent's processes together. On a difference a new view is
 copied beside it and the link swapped by a rename, so a launch sees the old
@@ -40,14 +40,12 @@ import fcntl
 import fnmatch
 import os
 import stat
-import struct
 import time
 
 from .. import logger
 from ..state import filing
 from . import etcrule
 from ..errors import LinkRunError
-from ..kernel import last_errno, libc
 from ..state.layout import ETC_LOCK, ETC_VIEW, ETC_VIEWS
 from ..state.records import boot_id
 
@@ -66,11 +64,14 @@ NAMES = (
 PATTERNS = ("java-*", "python3*", "ImageMagick-*", "*-release")
 MASKS = ("ssl/private", "pki/tls/private")  # the host's private keys, inside folders allowed above: never copied
 CHECK_EVERY = 1.0  # seconds between two looks at the host's entries
-_SKIPPED = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR)  # gone, unreadable, replaced
+SKIPPED = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR)  # gone, unreadable, replaced
 
 RACY = 50_000_000  # ns: a change this close before a look may be followed, unseen, by another in the same tick
 Entries = list[tuple[str, os.stat_result | None]]  # None: a link below the top, seen through its folder
 Print = tuple[int, bytes]  # when the look began (ns), and the fingerprint it saw
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # serve's alone: etcwatch.py
+    from .etcwatch import EtcWatch
 _prints: dict[str, Print] = {}  # a view's path → its print, read once by this process
 
 
@@ -95,7 +96,7 @@ def entries(etc: str = ETC) -> Entries:
             try:
                 _walk(etc, name, os.lstat(os.path.join(etc, name)), found)
             except OSError as error:
-                if error.errno not in _SKIPPED:
+                if error.errno not in SKIPPED:
                     raise
     return found
 
@@ -116,7 +117,7 @@ def _walk(etc: str, rel: str, info: os.stat_result, found: Entries) -> None:
             else:
                 _walk(etc, f"{rel}/{child.name}", child.stat(follow_symlinks=False), found)
     except OSError as error:
-        if error.errno not in _SKIPPED:
+        if error.errno not in SKIPPED:
             raise
 
 
@@ -266,7 +267,7 @@ def _copy(etc: str, found: Entries, made: Print, views: str) -> str:
             else:
                 etcrule.copy_file(source, target, info)
         except OSError as error:
-            if error.errno not in _SKIPPED:
+            if error.errno not in SKIPPED:
                 raise
     for folder, info in reversed(folders):  # deepest first: a folder without write permission is filled already
         os.chmod(folder, stat.S_IMODE(info.st_mode), follow_symlinks=False)
@@ -328,166 +329,3 @@ def _remove_tree(path: str) -> None:
             else:
                 os.unlink(entry.path)
     os.rmdir(path)
-
-
-# inotify(7), called through ctypes: see EtcWatch.
-_IN_MODIFY, _IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
-_IN_CREATE, _IN_DELETE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
-_IN_Q_OVERFLOW, _IN_IGNORED, _IN_DONT_FOLLOW = 0x4000, 0x8000, 0x2000000
-_WATCHED = (_IN_MODIFY | _IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF
-            | _IN_MOVE_SELF | _IN_DONT_FOLLOW)
-_EVENT = struct.Struct("iIII")  # watch descriptor, mask, cookie, the name's length (the name follows)
-_USED_UP = {errno.ENOSPC: ("watches", "fs.inotify.max_user_watches"),
-            errno.EMFILE: ("instances", "fs.inotify.max_user_instances")}
-
-
-class EtcWatch:
-    """serve's watch of the view's source folder, so that a launch looks at
-    the host's entries only when something changed (`heard` past `shown`),
-    not once a second. inotify on every folder and file the view shows, read on a
-    thread of its own. Files too: a folder hears of a write to a file it
-    holds only when made through it, not through a file bound over the entry
-    from elsewhere (as container runtimes bind /etc/hosts). What appears is
-    watched before its change is marked, so the look that follows the mark
-    sees what changed in it meanwhile. The watch starts marked, for what
-    changed before it began; a queue overflow counts as a change. When it
-    cannot start, or breaks (a watch refused at the inotify limits, the
-    folder removed), it says so once on stderr and `watching` turns False:
-    launches look once a second again.
-
-    inotify itself rather than watchdog's observer: that one, on a queue
-    overflow, logs and tells its handler nothing, and skips a subfolder it
-    cannot watch; either would leave the view stale, unseen."""
-
-    def __init__(self, etc: str, fd: int) -> None:
-        import threading
-
-        self.etc = etc
-        self.watching = True
-        self._fd = fd
-        self.heard = 1  # changes heard, counted; the first for what changed before the watch began
-        self.shown = 0  # the most of them that a finished look began after (set by `refresh`)
-        self._lock = threading.Lock()
-        self._paths: dict[int, str] = {}  # watch descriptor -> what it watches
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
-        self._thread = threading.Thread(target=self._read, daemon=True, name="etc-watch")
-
-    @classmethod
-    def start(cls, etc: str) -> EtcWatch | None:
-        """A watch of `etc`, running; None, said on stderr, when inotify cannot cover it."""
-        try:
-            fd = _inotify("inotify_init1", os.O_CLOEXEC)
-        except OSError as problem:
-            _say_unwatched(etc, problem, "cannot watch")
-            return None
-        watch = cls(etc, fd)
-        try:
-            watch._watch("")
-        except OSError as problem:
-            watch.close()
-            _say_unwatched(etc, problem, "cannot watch")
-            return None
-        watch._thread.start()
-        return watch
-
-    def mark(self) -> None:
-        """The view may be stale: the next launch looks."""
-        with self._lock:
-            self.heard += 1
-
-    def close(self) -> None:
-        """Stop watching: the thread ended, the descriptors closed."""
-        self.watching = False
-        if self._thread.is_alive():
-            os.write(self._wake_w, b"x")
-            self._thread.join()
-        for fd in (self._fd, self._wake_r, self._wake_w):
-            os.close(fd)
-
-    def _read(self) -> None:
-        import select
-
-        try:
-            while self._wake_r not in select.select([self._fd, self._wake_r], [], [])[0]:
-                self._handle(os.read(self._fd, 1 << 16))
-        except OSError as problem:
-            _say_unwatched(self.etc, problem, "stopped watching")
-        finally:
-            self.watching = False  # whatever ended it: launches look once a second again
-
-    def _handle(self, data: bytes) -> None:
-        seen, appeared = False, []
-        for wd, mask, name in _events(data):
-            path = self._paths.get(wd)
-            if mask & _IN_Q_OVERFLOW:
-                seen, appeared = True, [""]  # events lost: watch again whatever is there now
-            elif path is None:
-                continue
-            elif mask & (_IN_IGNORED | _IN_MOVE_SELF) and path == self.etc:
-                raise OSError(errno.ENOENT, "removed or moved", self.etc)
-            elif mask & _IN_IGNORED:
-                del self._paths[wd]
-            elif path != self.etc or not name or wanted(name):  # at the top, the entries the list allows
-                seen = True
-                if mask & (_IN_CREATE | _IN_MOVED_TO):
-                    appeared.append(os.path.relpath(os.path.join(path, name), self.etc))
-        for new in appeared:  # before the mark: see the class
-            self._watch(new)
-        if seen:
-            self.mark()
-
-    def _watch(self, rel: str, folder: bool | None = None) -> None:
-        """Watch the entry at `rel` ("" for the top) when the view shows it (a
-        folder or a file, not a link: its folder's watch hears of it), and all
-        it holds; `folder` when known."""
-        if rel in MASKS or (rel and "/" not in rel and not wanted(rel)):
-            return
-        path = os.path.join(self.etc, rel) if rel else self.etc
-        try:
-            if folder is None:
-                mode = os.lstat(path).st_mode
-                if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                    return
-                folder = stat.S_ISDIR(mode)
-            # Watching again (moved, or after an overflow) gives the same descriptor.
-            self._paths[_inotify("inotify_add_watch", self._fd, os.fsencode(path), _WATCHED)] = path
-            if not folder:
-                return
-            with os.scandir(path) as listing:  # the types of its entries without a stat each: most are links
-                held = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listing
-                        if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)]
-        except OSError as error:
-            if error.errno in _SKIPPED:
-                return  # gone, or replaced: an event of its folder said so
-            raise
-        for name, is_folder in held:
-            self._watch(f"{rel}/{name}" if rel else name, is_folder)
-
-
-def _inotify(function: str, *args: int | bytes) -> int:
-    """Call one of libc's inotify functions; OSError when it fails."""
-    result: int = getattr(libc(), function)(*args)
-    if result < 0:
-        number = last_errno()
-        raise OSError(number, os.strerror(number))
-    return result
-
-
-def _events(data: bytes) -> list[tuple[int, int, str]]:
-    """The events of one read: (watch descriptor, mask, name)."""
-    found, at = [], 0
-    while at < len(data):
-        wd, mask, _, length = _EVENT.unpack_from(data, at)
-        at += _EVENT.size
-        found.append((wd, mask, os.fsdecode(data[at:at + length].rstrip(b"\0"))))
-        at += length
-    return found
-
-
-def _say_unwatched(etc: str, problem: OSError, what: str) -> None:
-    if problem.errno in _USED_UP:
-        kind, limit = _USED_UP[problem.errno]
-        why = f"the inotify {kind} allowed to this user are used up: raise the limit {limit} with sysctl"
-    else:
-        why = str(problem)
-    logger.warning(f"{what} {etc} for changes ({why}); each call looks at it once a second instead")

@@ -64,7 +64,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
     from .cgroups import Group, Place
     from .fallback import Holding
-    from .etcview import EtcWatch
+    from .etcwatch import EtcWatch
     from .gitcheck import GitLook
     from .keptgroups import KeptGroups
 

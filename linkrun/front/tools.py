@@ -4,7 +4,9 @@
 A tool call arrives here as (name, arguments, context); what leaves is a
 ToolResult whose text is for the agent and whose structured value is for
 programs. Refusals (Refused) become tool errors that say what was wrong and
-what is allowed.
+what is allowed. How a call runs is not decided here: `command` hands its
+request to the owner of serve's calls (calls/caller.py) and words the
+outcome; `start` has the owner try its launch before the record is made.
 """
 
 from __future__ import annotations

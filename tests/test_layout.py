@@ -163,6 +163,50 @@ def test_front_imports_nothing_of_the_sandbox_or_the_internet() -> None:
     assert not found, "front/ reaches below the owner of calls (calls/):\n" + "\n".join(found)
 
 
+# What a module may hold that changes at run time: a memo of this process's
+# own facts, each named with its reason. serve's state (its calls' leftovers,
+# cgroups, spares, /etc watch, proxy) is held by the objects its owner of
+# calls makes and closes (calls/caller.py), never by a module.
+MODULE_STATE = {
+    "logger._name": "the process's one voice, named once at its start",
+    "logger._shown": "the level it shows, set with its voice",
+    "logger._timed": "whether its lines lead with the time, set with its voice",
+    "sandboxing.cgroups._counter": "names this process's groups",
+    "sandboxing.cgroups._leaf_lock": "orders the move into the leaf below",
+    "sandboxing.cgroups._in_leaf": "this process moved into its v2 leaf, once",
+    "sandboxing.cgroups._swept": "a folder's orphan groups ended once a process",
+    "sandboxing.etcview._prints": "a view's print, never changed once written",
+    "sandboxing.gitcheck._TEXTS": "a git config's text by its path and identity",
+    "sandboxing.gitcheck._HOOKS_PATHS": "a config text's hooksPath, parsed once by git",
+    "sandboxing.gitconfig._FIXED_VALUE": "whether git takes --fixed-value, asked once",
+    "detached.outfile._renameat2": "libc's renameat2, looked up once",
+}
+_MUTABLE = {"set", "dict", "list", "OrderedDict", "deque", "SimpleQueue", "Queue", "Lock", "RLock", "Event",
+            "Condition", "count"}
+
+
+def _module_state(path: Path) -> set[str]:
+    """The names a module holds that change at run time: an empty container or
+    a lock, queue or counter made at load, and whatever a function declares `global`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    for node in tree.body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        empty = isinstance(value, ast.Dict | ast.List | ast.Set) and not getattr(value, "keys", getattr(value, "elts", None))
+        made = isinstance(value, ast.Call) and getattr(value.func, "attr", getattr(value.func, "id", "")) in _MUTABLE
+        if (empty or made) and isinstance(target, ast.Name):
+            names.add(target.id)
+    return names
+
+
+def test_no_module_holds_serves_state() -> None:
+    found = {f"{module_name(path).removeprefix('linkrun.')}.{name}" for path in PACKAGE.rglob("*.py")
+             for name in _module_state(path)}
+    assert sorted(found - set(MODULE_STATE)) == [], "module-level state: give it to an owner, or name it in MODULE_STATE"
+    assert sorted(set(MODULE_STATE) - found) == [], "MODULE_STATE names state that no module holds any more"
+
+
 def test_contributing_names_the_floors_in_their_order() -> None:
     line = "Floors, top to bottom: " + " > ".join(f"`{name}`" for name, _ in FLOORS)
     assert line in (TESTS.parent / "CONTRIBUTING.md").read_text(), f"CONTRIBUTING.md should say: {line}"

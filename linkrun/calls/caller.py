@@ -85,7 +85,10 @@ class Caller:
     def close(self) -> None:
         """At serve's end, once its calls answered or were killed: the spares
         ended, the leftovers killed, the cgroups removed, the proxy let go
-        (it is the agent's, and runs on), the /etc watch stopped."""
+        (it is the agent's, and runs on), the /etc watch stopped. The files
+        folder's descriptor stays open until the process ends: a call killed
+        late may still open beneath it, and its number, closed and reused by
+        another open, would put that call's folder beneath another folder."""
         if self.spares is not None:
             self.spares.close()
         self.runner.close()

@@ -218,22 +218,27 @@ def test_a_tell_on_pattern_it_cannot_take_is_refused_before_anything_runs(server
 
 def test_the_line_finder_fed_in_pieces_finds_what_the_scanner_finds():
     from linkrun.detached.lines import LineFinder, Scanner, compile_pattern
-    from linkrun.detached.literals import required_literals
+    from linkrun.detached.literals import required_literals, starts_lines
 
     assert required_literals("^FATAL|listening on [0-9]+") == [b"FATAL", b"listening on "]
     assert required_literals("listen(ing)? on") == [b"listen"]
     for none in ("(?i)error", "(?i:error)", "[0-9]+", "ab|cde", r"\pL+x{3}"):
         assert required_literals(none) is None, none
+    for anchored in ("^[0-9]+ (ok|failed)$", "^e|^y", "(^b|^$)", "(?m)^x", "^", "(?i:^e)", "(?i)^E"):
+        assert starts_lines(anchored), anchored
+    for loose in ("[0-9]+ ok", "^e|y", "\\Ae", "(^b)+", "x^", "(?-m:^e)", "(?x)^e", r"\pL^"):
+        assert not starts_lines(loose), loose
 
     rng = random.Random(24)
-    words = [b"listening on", b"busy", b"", b"x" * 30, b"error: y", b"yy"]
+    words = [b"listening on", b"busy", b"", b"x" * 30, b"error: y", b"yy", b"12 ok", b"3 failed", b"4 ok!"]
     for _ in range(200):
         data = b"".join(rng.choice(words) + b"\n" for _ in range(rng.randint(0, 60))) + rng.choice(words)
         for pattern in ("listening on", "^e", "y$", "^$", "y*", "^(busy|x+)$", "^(busy|listening)", "ing on$",
-                        "(?i)BUSY", "rror: y$", "xxx+$"):
+                        "(?i)BUSY", "rror: y$", "xxx+$", "^[0-9]+ (ok|failed)$", "^e|^y", "^[^b]*y$", "^", "(?i)^E"):
             want = [(line.offset, line.data) for line in
                     Scanner(compile_pattern(pattern), 1, None, 1, 100).feed(data, final=True)]
-            finder = LineFinder(compile_pattern(pattern, whole_lines=False), 100, required_literals(pattern))
+            finder = LineFinder(compile_pattern(pattern, whole_lines=False), 100, required_literals(pattern),
+                                starts_lines(pattern))
             got, at = [], 0
             while at < len(data):
                 size = rng.randint(1, 9)

@@ -191,18 +191,31 @@ class LineFinder:
     bounded: a line not ended yet is kept up to BLOCK bytes, then matched as
     a piece, as Scanner does."""
 
-    def __init__(self, pattern: Any, offset: int = 0, literals: list[bytes] | None = None) -> None:
+    def __init__(self, pattern: Any, offset: int = 0, literals: list[bytes] | None = None,
+                 line_starts: bool = False) -> None:
+        import re2
+
         self.pattern = pattern
         self.literals = literals  # one of them is in each matching line (literals.py), or None: unknown
+        self.line_starts = line_starts  # each match starts a line (literals.starts_lines)
         self.finders: list[Any] = []  # each literal as a pattern of its own: RE2 skips to it with memchr
+        self.starts: Any = None  # without literals: a newline then the pattern, which RE2 skips to with memchr
+        options = re2.Options()
+        options.log_errors = False
         if literals is not None:
-            import re2
-
-            options = re2.Options()
-            options.log_errors = False
             self.finders = [re2.compile(re2.escape(literal), options) for literal in literals]
+        elif line_starts:
+            options.max_mem = MAX_PATTERN_MEMORY
+            try:  # not never_nl: it matches the newline before the line (a match may run on: it is only a start)
+                self.starts = re2.compile(b"(?m)\n(?:" + pattern.pattern + b")", options)
+            except re2.error:
+                pass  # RE2 alone, which is always right
         self.offset = offset  # of the next byte fed
         self.carry = b""  # a line not ended yet
+
+    def at(self, offset: int) -> LineFinder:
+        """A finder of the same lines, fed from `offset` on."""
+        return LineFinder(self.pattern, offset, self.literals, self.line_starts)
 
     def feed(self, data: bytes, final: bool = False) -> list[tuple[int, bytes]]:
         """(offset, at most LINE_SHOWN bytes) of each matching line ending in `data`; with `final`, the last too."""
@@ -234,6 +247,9 @@ class LineFinder:
         """The matching lines of block[at:end], whole lines; `base` is the offset of block[0]."""
         if self.literals is not None:
             _prefiltered(self, block, end, base, found, at)
+            return
+        if self.starts is not None:
+            _line_starts(self, block, end, base, found, at)
             return
         while at < end:
             match = self.pattern.search(block, at, end)
@@ -310,6 +326,23 @@ def _prefiltered(finder: LineFinder, block: bytes, end: int, base: int, found: l
         if finder.pattern.search(block, start, stop) is not None:
             found.append((base + start, block[start:min(stop, start + LINE_SHOWN)]))
         at = stop + 1
+
+
+def _line_starts(finder: LineFinder, block: bytes, end: int, base: int, found: list[tuple[int, bytes]],
+                 at: int) -> None:
+    """LineFinder._search for a pattern whose every match starts a line: the first line searched alone, then
+    each line after a newline that `finder.starts` (that newline, then the pattern) finds: RE2 skips from
+    newline to newline with memchr, at about ten times its speed on the pattern alone."""
+    start = at
+    while start < end:
+        stop = block.find(b"\n", start, end)
+        stop = end if stop < 0 else stop
+        if finder.pattern.search(block, start, stop) is not None:
+            found.append((base + start, block[start:min(stop, start + LINE_SHOWN)]))
+        hit = finder.starts.search(block, stop, end)
+        if hit is None:
+            return
+        start = hit.start() + 1
 
 
 def _next(literal: Any, block: bytes, at: int, end: int) -> int:

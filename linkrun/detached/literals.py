@@ -10,6 +10,11 @@ Python's for what both take, and what only one of them takes (`\\pN`, `\\Q`,
 flag but m and s, any case folding, or a pattern where some match need hold
 no literal of at least MIN_LITERAL characters gives None (RE2 alone, which
 is always right).
+
+A pattern with no such literal whose every match starts a line (`^[0-9]+
+(ok|failed)$`: each branch begins with `^`) has a prefilter too: RE2 looks
+for a newline followed by the pattern, which it skips to with memchr
+(lines.LineFinder), at about ten times its speed on the pattern alone.
 """
 
 from __future__ import annotations
@@ -26,14 +31,10 @@ class _NoPrefilter(Exception):
 
 def required_literals(pattern: str) -> list[bytes] | None:
     """UTF-8 literals one of which every match of `pattern` holds, or None when none can be told."""
-    import re
-    from re import _constants as c, _parser as p  # type: ignore[attr-defined]
+    from re import _constants as c  # type: ignore[attr-defined]
 
-    try:
-        parsed = p.parse(pattern)
-    except (re.error, RecursionError, OverflowError, ValueError):
-        return None
-    if parsed.state.flags & ~(c.SRE_FLAG_UNICODE | c.SRE_FLAG_MULTILINE | c.SRE_FLAG_DOTALL):
+    parsed = _parse(pattern)
+    if parsed is None or parsed.state.flags & ~(c.SRE_FLAG_UNICODE | c.SRE_FLAG_MULTILINE | c.SRE_FLAG_DOTALL):
         return None
     try:
         found = _required(list(parsed), c)
@@ -42,6 +43,43 @@ def required_literals(pattern: str) -> list[bytes] | None:
     if not found or len(found) > MAX_LITERALS or min(map(len, found)) < MIN_LITERAL:
         return None
     return sorted({literal.encode("utf-8") for literal in found})
+
+
+def starts_lines(pattern: str) -> bool:
+    """Whether every match of `pattern` starts at a line's start (RE2 reads `^` at each line's start, as
+    tell_on compiles it). Conservative: a branch or group that does not begin with `^`, a repeated one, a
+    group that takes a flag away (`(?-m:^x)`, where `^` is the text's start) or a flag but i, m, s give
+    False."""
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    allowed = c.SRE_FLAG_UNICODE | c.SRE_FLAG_MULTILINE | c.SRE_FLAG_DOTALL | c.SRE_FLAG_IGNORECASE
+    parsed = _parse(pattern)
+    return parsed is not None and not parsed.state.flags & ~allowed and _starts_lines(list(parsed), c)
+
+
+def _starts_lines(items: list, c: Any) -> bool:
+    if not items:
+        return False
+    op, value = items[0]
+    if op is c.AT:
+        return value is c.AT_BEGINNING
+    if op is c.SUBPATTERN:
+        _, _, del_flags, sub = value
+        return not del_flags and _starts_lines(list(sub), c)
+    if op is c.BRANCH:
+        return all(_starts_lines(list(alternative), c) for alternative in value[1])
+    return False
+
+
+def _parse(pattern: str) -> Any:
+    """Python's parse of the pattern, or None when Python cannot parse it."""
+    import re
+    from re import _parser as p  # type: ignore[attr-defined]
+
+    try:
+        return p.parse(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return None
 
 
 def _required(items: list, c: Any) -> list[str] | None:

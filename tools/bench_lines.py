@@ -109,7 +109,7 @@ def pump_with_tell_on(files: str, row: Callable[..., None]) -> None:
     server.send(INIT)
     server.wait(0)
     patterns = {"without": None, "tell_on": "^FATAL|listening on [0-9]+", "no literal": "^[0-9]+ (ok|failed)$",
-                "RE2 alone": "[0-9]+ (ok|failed)$"}
+                "RE2 alone": "[0-9]+ [a-z]+$"}
     times: dict[str, list[float]] = {label: [] for label in patterns}
     script = f"yes '{'x' * 63}' | head -c {PUMP_BYTES}"
     request = 1
@@ -127,7 +127,7 @@ def pump_with_tell_on(files: str, row: Callable[..., None]) -> None:
     subprocess.run(SERVER + ["remove", "--state", state], check=True)
     without = statistics.median(times["without"])
     for label, name in (("tell_on", f"1 GiB of lines pumped, tell_on {patterns['tell_on']!r}"),
-                        ("no literal", f"  tell_on {patterns['no literal']!r} (no literal: a line's start)"),
+                        ("no literal", f"  tell_on {patterns['no literal']!r} (a line's start)"),
                         ("RE2 alone", f"  tell_on {patterns['RE2 alone']!r} (no literal, no line's start)")):
         took = statistics.median(times[label])
         paired = statistics.median(bare / each for bare, each in zip(times["without"], times[label], strict=True))

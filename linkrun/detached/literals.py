@@ -6,15 +6,18 @@ with no literal (`^FATAL|listening on [0-9]+`), which would slow the pump.
 
 The pattern is read with Python's own parser (`re._parser`): RE2's syntax is
 Python's for what both take, and what only one of them takes (`\\pN`, `\\Q`,
-`\\z`) fails to parse here and goes without a prefilter. Conservative: any
-flag but m and s, any case folding, or a pattern where some match need hold
-no literal of at least MIN_LITERAL characters gives None (RE2 alone, which
-is always right).
+`\\z`) fails to parse here and goes without a prefilter. A literal may run
+through a group of a few exact strings (`[0-9]+ (ok|failed)$`: ` ok` or
+` failed`). Conservative: any flag but m and s, any case folding, or a
+pattern where some match need hold no literal of at least MIN_LITERAL
+characters gives None (RE2 alone, which is always right).
 
-A pattern with no such literal whose every match starts a line (`^[0-9]+
-(ok|failed)$`: each branch begins with `^`) has a prefilter too: RE2 looks
-for a newline followed by the pattern, which it skips to with memchr
-(lines.LineFinder), at about ten times its speed on the pattern alone.
+A pattern whose every match starts a line (`^[0-9]+ (ok|failed)$`: each
+branch begins with `^`) has another prefilter, taken before its literals:
+RE2 looks for a newline followed by the pattern, which it skips to with
+memchr (lines.LineFinder), at about ten times its speed on the pattern
+alone, and whatever the lines hold (a short literal such as ` ok` is on
+every other line of prose).
 """
 
 from __future__ import annotations
@@ -85,19 +88,24 @@ def _parse(pattern: str) -> Any:
 def _required(items: list, c: Any) -> list[str] | None:
     """For a sequence of parsed items: the best set of literals that each match of it holds."""
     best: list[str] | None = None
-    run: list[str] = []
+    run: list[str] | None = None  # the strings matched since the last item that is not exact: one of them
 
     def consider(candidates: list[str] | None) -> None:
         nonlocal best
-        if candidates and (best is None or min(map(len, candidates)) > min(map(len, best))):
+        if candidates and min(map(len, candidates)) and (best is None or
+                                                        min(map(len, candidates)) > min(map(len, best))):
             best = candidates
 
     for op, value in items:
-        if op is c.LITERAL:
-            run.append(chr(value))
+        exact = _exact(op, value, c)
+        if exact is not None:
+            joined = _product(run or [""], exact)
+            if joined is None:  # too many: the run starts again here
+                consider(run)
+            run = joined or exact
             continue
-        consider(["".join(run)] if run else None)
-        run = []
+        consider(run)
+        run = None
         if op is c.SUBPATTERN:
             _, add_flags, del_flags, sub = value
             if add_flags or del_flags:
@@ -109,5 +117,43 @@ def _required(items: list, c: Any) -> list[str] | None:
                 consider(sorted({literal for each in alternatives if each for literal in each}))
         elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT) and value[0] >= 1:
             consider(_required(list(value[2]), c))
-    consider(["".join(run)] if run else None)
+    consider(run)
     return best
+
+
+def _exact(op: Any, value: Any, c: Any) -> list[str] | None:
+    """The few strings an item matches (a literal, a class of literals, `^` and the like as "", or a
+    group or branch of such: ` (ok|failed)` is ` ok` or ` failed`), or None."""
+    if op is c.LITERAL:
+        return [chr(value)]
+    if op is c.AT:
+        return [""]  # it matches no character
+    if op is c.IN and all(member is c.LITERAL for member, _ in value):
+        return sorted({chr(code) for _, code in value}) if len(value) <= MAX_LITERALS else None
+    if op is c.SUBPATTERN and not value[1] and not value[2]:
+        return _exact_sequence(list(value[3]), c)
+    if op is c.BRANCH:
+        strings: set[str] = set()
+        for alternative in value[1]:
+            exact = _exact_sequence(list(alternative), c)
+            if exact is None:
+                return None
+            strings.update(exact)
+        return sorted(strings) if len(strings) <= MAX_LITERALS else None
+    return None
+
+
+def _exact_sequence(items: list, c: Any) -> list[str] | None:
+    strings: list[str] | None = [""]
+    for op, value in items:
+        exact = _exact(op, value, c)
+        if exact is None or strings is None:
+            return None
+        strings = _product(strings, exact)
+    return strings
+
+
+def _product(left: list[str], right: list[str]) -> list[str] | None:
+    """Each of `left` followed by each of `right`, when they are at most MAX_LITERALS."""
+    joined = sorted({first + second for first in left for second in right})
+    return joined if len(joined) <= MAX_LITERALS else None

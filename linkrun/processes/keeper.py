@@ -94,17 +94,17 @@ class Keeper:
 
     def pump(self, fd: int) -> int | None:
         """What the pipe `fd` holds, up to a chunk, moved into the ring through the relay: the bytes taken
-        from the pipe (0 at its end), or None when the relay could not be made (nothing was taken then).
+        from the pipe (0 at its end), or None when nothing could be moved into the relay (nothing was taken).
         When the disk fails it, the bytes taken and not written are left in `stranded`."""
         try:
             if self._relay is None:
                 self._relay = os.pipe2(os.O_CLOEXEC)
                 grow_pipe(self._relay[1])  # else a relay of 64 KiB: more splices, the same bytes
             relay_r, relay_w = self._relay
+            taken = os.splice(fd, relay_w, CHUNK)  # by reference: the program writes on meanwhile
         except OSError as error:
             self._fail(error)
             return None
-        taken = os.splice(fd, relay_w, CHUNK)  # by reference: the program writes on meanwhile
         left = taken
         try:
             while left:

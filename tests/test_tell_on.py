@@ -218,28 +218,41 @@ def test_a_tell_on_pattern_it_cannot_take_is_refused_before_anything_runs(server
 
 def test_the_line_finder_fed_in_pieces_finds_what_the_scanner_finds():
     from linkrun.detached.lines import LineFinder, Scanner, compile_pattern
-    from linkrun.detached.literals import required_literals
+    from linkrun.detached.literals import required_literals, starts_lines
 
     assert required_literals("^FATAL|listening on [0-9]+") == [b"FATAL", b"listening on "]
     assert required_literals("listen(ing)? on") == [b"listen"]
+    assert required_literals("[0-9]+ (ok|failed)$") == [b" failed", b" ok"]
+    assert required_literals("(x|y)zz") == [b"xzz", b"yzz"]
+    assert required_literals("ab(c|d)?e") is None  # `ab` and `e`: too short
     for none in ("(?i)error", "(?i:error)", "[0-9]+", "ab|cde", r"\pL+x{3}"):
         assert required_literals(none) is None, none
+    for anchored in ("^[0-9]+ (ok|failed)$", "^e|^y", "(^b|^$)", "(?m)^x", "^", "(?i:^e)", "(?i)^E"):
+        assert starts_lines(anchored), anchored
+    for loose in ("[0-9]+ ok", "^e|y", "\\Ae", "(^b)+", "x^", "(?-m:^e)", "(?x)^e", r"\pL^"):
+        assert not starts_lines(loose), loose
 
     rng = random.Random(24)
-    words = [b"listening on", b"busy", b"", b"x" * 30, b"error: y", b"yy"]
-    for _ in range(200):
-        data = b"".join(rng.choice(words) + b"\n" for _ in range(rng.randint(0, 60))) + rng.choice(words)
+    words = [b"listening on", b"busy", b"", b"x" * 30, b"error: y", b"yy", b"12 ok", b"3 failed", b"4 ok!",
+             b"listening on 5", b"is ok 6"]
+    for _ in range(100):
+        data = b"".join(rng.choice(words) + b"\n" for _ in range(rng.randint(0, 200))) + rng.choice(words)
         for pattern in ("listening on", "^e", "y$", "^$", "y*", "^(busy|x+)$", "^(busy|listening)", "ing on$",
-                        "(?i)BUSY", "rror: y$", "xxx+$"):
+                        "(?i)BUSY", "rror: y$", "xxx+$", "^[0-9]+ (ok|failed)$", "^e|^y", "^[^b]*y$", "^", "(?i)^E",
+                        "[0-9]+ (ok|failed)$", "(b|x)(u|x)(s|x)", "s(y|t)$|^(l|e)(i|r)", "ing on [0-9]$"):
             want = [(line.offset, line.data) for line in
                     Scanner(compile_pattern(pattern), 1, None, 1, 100).feed(data, final=True)]
-            finder = LineFinder(compile_pattern(pattern, whole_lines=False), 100, required_literals(pattern))
+            finder = LineFinder(compile_pattern(pattern, whole_lines=False), 100, required_literals(pattern),
+                                starts_lines(pattern))
             got, at = [], 0
             while at < len(data):
                 size = rng.randint(1, 9)
                 got += finder.feed(data[at:at + size])
                 at += size
             assert got + finder.feed(b"", final=True) == want, (pattern, data)
+            # At once: a literal on many lines that do not match sends the rest of a block to RE2 alone.
+            whole = finder.at(100)
+            assert whole.feed(data) + whole.feed(b"", final=True) == want, (pattern, data)
 
 
 def test_a_supervisor_loads_the_line_search_only_with_tell_on(servers, files, state, keyring, ways_in):

@@ -36,6 +36,7 @@ MAX_PATTERN_MEMORY = 8 << 20  # RE2's budget for one compiled pattern
 SCAN_SECONDS = 2.0  # a scan stops here, and says where
 SCREEN = 50  # lines shown at most
 LINE_SHOWN = 512  # bytes of each shown line at most
+MISSES = 16  # lines of a block holding a literal and no match, before tell_on's search goes on by RE2 alone
 _RANGE = re.compile(r"(\d+)(?:-(\d*))?|-(\d+)")  # matched whole: "120-180", "120-", "120", "-50"
 PATTERN_HINT = ("write it in RE2 syntax (as Python's re, without backreferences and lookarounds), "
                 "such as error|warning or ^FAIL")
@@ -186,23 +187,38 @@ class LineFinder:
     The pattern's own match is searched for, not a whole-line one: RE2 then
     skips to a literal in C (about 100 GB/s on lines that cannot match, where
     `^.*(?:…).*$` runs at 0.5), and only a line holding a match costs Python
-    work. Chunks are searched where they lie, never joined: only the line
+    work. A pattern whose every match starts a line is found by RE2
+    skipping from newline to newline instead (_line_starts), whatever its
+    literals. Chunks are searched where they lie, never joined: only the line
     that a chunk's start cuts is joined with what came before. Memory is
     bounded: a line not ended yet is kept up to BLOCK bytes, then matched as
     a piece, as Scanner does."""
 
-    def __init__(self, pattern: Any, offset: int = 0, literals: list[bytes] | None = None) -> None:
+    def __init__(self, pattern: Any, offset: int = 0, literals: list[bytes] | None = None,
+                 line_starts: bool = False) -> None:
+        import re2
+
         self.pattern = pattern
         self.literals = literals  # one of them is in each matching line (literals.py), or None: unknown
+        self.line_starts = line_starts  # each match starts a line (literals.starts_lines)
         self.finders: list[Any] = []  # each literal as a pattern of its own: RE2 skips to it with memchr
+        self.starts: Any = None  # without literals: a newline then the pattern, which RE2 skips to with memchr
+        options = re2.Options()
+        options.log_errors = False
         if literals is not None:
-            import re2
-
-            options = re2.Options()
-            options.log_errors = False
             self.finders = [re2.compile(re2.escape(literal), options) for literal in literals]
+        elif line_starts:
+            options.max_mem = MAX_PATTERN_MEMORY
+            try:  # not never_nl: it matches the newline before the line (a match may run on: it is only a start)
+                self.starts = re2.compile(b"(?m)\n(?:" + pattern.pattern + b")", options)
+            except re2.error:
+                pass  # RE2 alone, which is always right
         self.offset = offset  # of the next byte fed
         self.carry = b""  # a line not ended yet
+
+    def at(self, offset: int) -> LineFinder:
+        """A finder of the same lines, fed from `offset` on."""
+        return LineFinder(self.pattern, offset, self.literals, self.line_starts)
 
     def feed(self, data: bytes, final: bool = False) -> list[tuple[int, bytes]]:
         """(offset, at most LINE_SHOWN bytes) of each matching line ending in `data`; with `final`, the last too."""
@@ -232,21 +248,28 @@ class LineFinder:
 
     def _search(self, block: bytes, end: int, base: int, found: list[tuple[int, bytes]], at: int = 0) -> None:
         """The matching lines of block[at:end], whole lines; `base` is the offset of block[0]."""
-        if self.literals is not None:
+        if self.starts is not None:
+            _line_starts(self, block, end, base, found, at)
+        elif self.literals is not None:
             _prefiltered(self, block, end, base, found, at)
+        else:
+            _plain(self, block, end, base, found, at)
+
+
+def _plain(finder: LineFinder, block: bytes, end: int, base: int, found: list[tuple[int, bytes]], at: int) -> None:
+    """LineFinder._search by RE2 alone: about 0.8 GB/s where the pattern holds no literal to skip to."""
+    while at < end:
+        match = finder.pattern.search(block, at, end)
+        if match is None:
             return
-        while at < end:
-            match = self.pattern.search(block, at, end)
-            if match is None:
-                return
-            where = match.start()
-            if where > end or (where == end and block[end - 1] == 0x0A):
-                return  # an empty match past the last newline: no line is there
-            start = max(at, block.rfind(b"\n", at, where) + 1)
-            stop = block.find(b"\n", where, end)
-            stop = end if stop < 0 else stop
-            found.append((base + start, block[start:min(stop, start + LINE_SHOWN)]))
-            at = stop + 1
+        where = match.start()
+        if where > end or (where == end and block[end - 1] == 0x0A):
+            return  # an empty match past the last newline: no line is there
+        start = max(at, block.rfind(b"\n", at, where) + 1)
+        stop = block.find(b"\n", where, end)
+        stop = end if stop < 0 else stop
+        found.append((base + start, block[start:min(stop, start + LINE_SHOWN)]))
+        at = stop + 1
 
 
 def scan(fd: int, kept_from: int, size: int, pattern: Any, lines: LineRange, offset: int | None,
@@ -294,9 +317,15 @@ def _prefiltered(finder: LineFinder, block: bytes, end: int, base: int, found: l
                  at: int) -> None:
     """LineFinder._search where each matching line holds one of the literals: RE2 runs on those lines only.
     Each literal is found by a pattern of its own (RE2 finds a literal at memchr's speed, about 100 GB/s on
-    lines without its first byte; Python's bytes.find runs at 3)."""
+    lines without its first byte; Python's bytes.find runs at 3). Where a literal is on line after line that
+    does not match (` ok` in prose), each would cost Python work: after MISSES of them in a block, the rest
+    of it goes to RE2 alone, so that a prefilter is never much slower than none."""
     nearest = [_next(literal, block, at, end) for literal in finder.finders]
+    misses = 0
     while at < end:
+        if misses == MISSES:
+            _plain(finder, block, end, base, found, at)
+            return
         for index, where in enumerate(nearest):
             if 0 <= where < at:
                 nearest[index] = _next(finder.finders[index], block, at, end)
@@ -309,7 +338,26 @@ def _prefiltered(finder: LineFinder, block: bytes, end: int, base: int, found: l
         stop = end if stop < 0 else stop
         if finder.pattern.search(block, start, stop) is not None:
             found.append((base + start, block[start:min(stop, start + LINE_SHOWN)]))
+        else:
+            misses += 1
         at = stop + 1
+
+
+def _line_starts(finder: LineFinder, block: bytes, end: int, base: int, found: list[tuple[int, bytes]],
+                 at: int) -> None:
+    """LineFinder._search for a pattern whose every match starts a line: the first line searched alone, then
+    each line after a newline that `finder.starts` (that newline, then the pattern) finds: RE2 skips from
+    newline to newline with memchr, at about ten times its speed on the pattern alone."""
+    start = at
+    while start < end:
+        stop = block.find(b"\n", start, end)
+        stop = end if stop < 0 else stop
+        if finder.pattern.search(block, start, stop) is not None:
+            found.append((base + start, block[start:min(stop, start + LINE_SHOWN)]))
+        hit = finder.starts.search(block, stop, end)
+        if hit is None:
+            return
+        start = hit.start() + 1
 
 
 def _next(literal: Any, block: bytes, at: int, end: int) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from .lines import BLOCK, LineFinder
 
@@ -38,9 +37,8 @@ class LineScan:
     """The output followed as the pump writes it; `wake()` is called (from the
     thread) when lines were found, which `take()` then returns."""
 
-    def __init__(self, pattern: Any, literals: list[bytes] | None, wake: Callable[[], None],
-                 log: Callable[[str], None]) -> None:
-        self.finder = LineFinder(pattern, 0, literals)
+    def __init__(self, finder: LineFinder, wake: Callable[[], None], log: Callable[[str], None]) -> None:
+        self.finder = finder
         self.wake, self.log = wake, log
         self.condition = threading.Condition()
         self.files: list[tuple[int, int]] = []  # (fd, kept_from), oldest first: the thread reads the first
@@ -120,7 +118,7 @@ class LineScan:
             if at < kept_from:  # never written (a full disk dropped it): go on where the file starts
                 self.lost += kept_from - at
                 self._hand(self.finder.feed(b"", final=True))
-                self.finder = LineFinder(self.finder.pattern, kept_from, self.finder.literals)
+                self.finder = self.finder.at(kept_from)
                 at = kept_from
             data = os.pread(fd, BLOCK, at - kept_from)
             if data:

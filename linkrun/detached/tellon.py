@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 
 from ..state import records
-from .lines import compile_pattern
+from .lines import LineFinder, compile_pattern
 from .linescan import LineScan
-from .literals import required_literals
+from .literals import required_literals, starts_lines
 from ..messages import told_lines
 from ..messages.telling import BACKOFF_MAX, WayIn, take_wake
 
@@ -43,7 +43,9 @@ class LineTeller:
     def __init__(self, state: str, record: dict, wake_fd: int, log: Callable[[str], None]) -> None:
         self.state, self.record, self.wake_fd, self.log = state, record, wake_fd, log
         pattern = record["tell_on"]
-        self.scan = LineScan(compile_pattern(pattern, whole_lines=False), required_literals(pattern), self._wake, log)
+        finder = LineFinder(compile_pattern(pattern, whole_lines=False), 0, required_literals(pattern),
+                            starts_lines(pattern))
+        self.scan = LineScan(finder, self._wake, log)
         self.way_in = WayIn.of(record)
         self.sender: threading.Thread | None = None
         self.delivery: Delivery | None = None  # the sender's outcome, once it is done

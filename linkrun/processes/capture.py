@@ -105,10 +105,17 @@ class CaptureReader:
             if keeper.active and keeper.cap >= self.capture.limit:
                 # Straight into the ring, no tee: the tail is read back from it at the end (close).
                 moved = keeper.pump(fd)
-                if moved is not None:
+                if moved is not None and not keeper.broken:
                     self.capture.count(moved)
                     return moved
-                self._tail_from_keeper()  # it broke: on as without it, from the tail it holds
+                # It broke: on as without it, from the tail it holds and what it took and could not write.
+                stranded, keeper.stranded = keeper.stranded, b""
+                self.capture.count((moved or 0) - len(stranded))
+                self._tail_from_keeper()
+                if stranded:
+                    self.capture.feed(memoryview(stranded))
+                if moved is not None:
+                    return moved
         if self.capture.head_full and not self.plain:
             try:
                 if self.skimmer is None:

@@ -6,11 +6,19 @@ cap, so a flood overwrites the same pages of the page cache and never makes
 a gigabyte of dirty pages for the disk to write (appending to a file and
 cutting it runs about five times slower here than a pipe into /dev/null;
 the ring costs the copy into the page cache alone, about 0.05 s of CPU a
-gigabyte). Once the capture's head is full the pipe is spliced straight
-into the ring (pump), and the capture's tail is read back from it at the
-end (last). At the end a wrapped ring is copied once, in the
-kernel, into a plain file of its last `cap` bytes: the reader sees what a
-background command's output file holds, [kept_from, total).
+gigabyte). Once the capture's head is full the pipe is moved into the ring
+(pump), and the capture's tail is read back from it at the end (last). At
+the end a wrapped ring is copied once, in the kernel, into a plain file of
+its last `cap` bytes: the reader sees what a background command's output
+file holds, [kept_from, total).
+
+The pump goes through a relay pipe of the keeper's own: the program's pipe
+is spliced into it by reference, and the copy into the file is made from
+the relay. A splice into a file holds its source pipe's lock for the whole
+copy, so spliced straight from the program's pipe the program could not
+write while serve copied (profiled: a quarter of the time spun on that
+lock, 1.2× to 1.6× a call not kept); through the relay the two copy at
+once, each on its own core.
 
 Nothing is written while the stream fits in the capture (its head and tail
 are then the whole stream): the file is made at the first byte the capture
@@ -28,7 +36,7 @@ import os
 
 from .. import logger
 from .capture import Capture
-from .group import CHUNK
+from .group import CHUNK, grow_pipe
 
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -36,7 +44,7 @@ OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 class Keeper:
     """Writes one stream into `<name>` of `folder_fd` (which the caller owns and keeps open)."""
 
-    __slots__ = ("folder_fd", "name", "cap", "fd", "written", "broken", "pumped", "_null")
+    __slots__ = ("folder_fd", "name", "cap", "fd", "written", "broken", "pumped", "stranded", "_null", "_relay")
 
     def __init__(self, folder_fd: int, name: str, cap: int) -> None:
         self.folder_fd, self.name, self.cap = folder_fd, name, cap
@@ -44,7 +52,9 @@ class Keeper:
         self.written = 0  # bytes of the stream written (or skipped past) into the ring
         self.broken = False  # the disk failed it: nothing more is kept
         self.pumped = False  # bytes went into the ring by pump since the capture's tail was set
+        self.stranded = b""  # bytes the pump took from the pipe and the disk refused (the capture takes them)
         self._null: int | None = None
+        self._relay: tuple[int, int] | None = None  # (read end, write end), made at the first pump
 
     @property
     def active(self) -> bool:
@@ -83,17 +93,32 @@ class Keeper:
             self._fail(error)
 
     def pump(self, fd: int) -> int | None:
-        """What the pipe `fd` holds, up to a chunk, moved into the ring: the bytes moved (0 at its end), or
-        None when the disk failed it (nothing was taken from the pipe then)."""
-        at = self.written % self.cap
+        """What the pipe `fd` holds, up to a chunk, moved into the ring through the relay: the bytes taken
+        from the pipe (0 at its end), or None when nothing could be moved into the relay (nothing was taken).
+        When the disk fails it, the bytes taken and not written are left in `stranded`."""
         try:
-            moved = os.splice(fd, self.fd, min(CHUNK, self.cap - at), offset_dst=at)  # type: ignore[arg-type]
+            if self._relay is None:
+                self._relay = os.pipe2(os.O_CLOEXEC)
+                grow_pipe(self._relay[1])  # else a relay of 64 KiB: more splices, the same bytes
+            relay_r, relay_w = self._relay
+            taken = os.splice(fd, relay_w, CHUNK)  # by reference: the program writes on meanwhile
         except OSError as error:
             self._fail(error)
             return None
-        self.written += moved
+        left = taken
+        try:
+            while left:
+                at = self.written % self.cap
+                moved = os.splice(relay_r, self.fd, min(left, self.cap - at), offset_dst=at)  # type: ignore[arg-type]
+                if moved == 0:
+                    raise OSError("the kept output took no byte")
+                self.written += moved
+                left -= moved
+        except OSError as error:
+            self._fail(error)
+            self.stranded = _read_exactly(relay_r, left)
         self.pumped = True
-        return moved
+        return taken
 
     def last(self, start: int) -> bytes:
         """The stream's bytes [start, written), read back from the ring (start within its last cap bytes)."""
@@ -152,6 +177,10 @@ class Keeper:
         if self._null is not None:
             os.close(self._null)
             self._null = None
+        if self._relay is not None:
+            for end in self._relay:
+                os.close(end)
+            self._relay = None
         if fd is None:
             return None
         try:
@@ -189,6 +218,18 @@ class Keeper:
 
     def remove(self) -> None:
         _unlink(self.name, self.folder_fd)
+
+
+def _read_exactly(fd: int, count: int) -> bytes:
+    """The `count` bytes a pipe holds (there: nothing waits)."""
+    parts = []
+    while count:
+        part = os.read(fd, count)
+        if not part:
+            break
+        parts.append(part)
+        count -= len(part)
+    return b"".join(parts)
 
 
 def _unlink(name: str, folder_fd: int) -> None:

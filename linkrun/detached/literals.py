@@ -44,7 +44,7 @@ def required_literals(pattern: str) -> list[bytes] | None:
     return sorted({literal.encode("utf-8") for literal in found})
 
 
-def _required(items: list, c: Any) -> list[str] | None:
+def _required(items: list[Any], c: Any) -> list[str] | None:
     """For a sequence of parsed items: the best set of literals that each match of it holds."""
     best: list[str] | None = None
     run: list[str] = []

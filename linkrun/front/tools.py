@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import logger
 from ..processes import runner
@@ -110,7 +110,7 @@ class Tools:
         self._etc_watch_started = False
         # A sandbox made ahead of each call (spare.py), for a real sandbox with its init watched.
         self.spares = Spares(self._prepare_spare, self._start_spare, runner.end_spare) if self.sandbox.real else None
-        self.table: dict[str, dict] = {}
+        self.table: dict[str, dict[str, Any]] = {}
         self.background: Background | None = None
         self.proxy: Users | None = None
         if settings.proxy and settings.state:
@@ -176,7 +176,7 @@ class Tools:
 
     # -- listing ---------------------------------------------------------
 
-    def _command_tool(self) -> dict:
+    def _command_tool(self) -> dict[str, Any]:
         properties = dict(_RUN_PROPERTIES)
         properties["timeout"] = {
             "type": "number",
@@ -290,11 +290,11 @@ class Tools:
         return prepare(self.sandbox, self.argv_tail(request), request.folder, self._files_descriptor(), watch_init,
                        grouped, git_check)
 
-    def _key(self, launch: Launch) -> tuple:
+    def _key(self, launch: Launch) -> tuple[object, ...]:
         """What a sandbox made now would show (Launch.key), and which proxy listens in it."""
         return launch.key, self.proxy.generation if self.proxy is not None else 0
 
-    def _prepare_spare(self) -> tuple[Launch, tuple]:
+    def _prepare_spare(self) -> tuple[Launch, tuple[object, ...]]:
         if self.proxy is not None and not self.proxy.running():
             raise NotNow  # a call starts the proxy and waits for it; a spare never does
         self._watch_etc()

@@ -14,6 +14,7 @@ import orjson
 from background_helpers import background_argv, payload
 from conftest import SERVER, text_of
 
+from linkrun.messages import wayin
 from linkrun.state import layout, records
 
 FIXTURE = Path(__file__).parent / "data" / "record-v1.json"
@@ -30,14 +31,14 @@ def plant(state: Path, files: Path, changes: dict) -> dict:
     return record
 
 
-def literal(name: str) -> set[str]:
-    """The strings of records.py's `<name> = Literal[...]`, a type the checker alone sees."""
-    tree = ast.parse(Path(records.__file__).read_text())
+def literal(name: str, module: object = records) -> set[str]:
+    """The strings of a module's `<name> = Literal[...]`, a type the checker alone sees."""
+    tree = ast.parse(Path(module.__file__).read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
             assert isinstance(node.value, ast.Subscript)
             return {element.value for element in ast.walk(node.value.slice) if isinstance(element, ast.Constant)}
-    raise AssertionError(f"no {name} in records.py")
+    raise AssertionError(f"no {name} in {module}")
 
 
 def test_record_names_each_state_and_told_value_once_with_its_constant():
@@ -47,6 +48,8 @@ def test_record_names_each_state_and_told_value_once_with_its_constant():
         assert literal(name) == values, name
     assert set(records.RUNNING_STATES + records.ENDED_STATES) == literal("StateName")
     assert set(records.TO_TELL + records.SETTLED) == literal("ToldName")
+    outcomes = {value for key, value in vars(wayin.DeliveryOutcome).items() if key.isupper()}
+    assert literal("OutcomeName", wayin) == outcomes
 
 
 def test_the_fixture_lacks_the_fields_added_since_so_it_stands_for_an_older_record():

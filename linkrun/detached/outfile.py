@@ -34,29 +34,8 @@ from ..processes.group import CHUNK
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Literal, NotRequired, TypedDict
-
-    from ..state.records import Record, Rotated
+    from ..state.records import Record, Rotated, Shown
     from .linescan import LineScan
-
-    class KeptItem(TypedDict):
-        """What read and find show of a kept output (front/kept.py), in a record's place.
-        The fields a reader asks a record for are never there."""
-
-        id: str
-        state: Literal["kept"]
-        program: str | None
-        args: list[str] | None
-        started: NotRequired[float]
-        exit: NotRequired[None]
-        signal: NotRequired[None]
-        limit: NotRequired[None]
-        dropped: NotRequired[int]
-        proxy: NotRequired[None]
-        leader_pid: NotRequired[None]
-
-    Shown = Record | KeptItem  # a background command's record, or a kept output's stand-in
-
 # Read and write: a rotation copies the newest bytes out of the old file.
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 RETRY_FULL_DISK = 1.0  # seconds between tries while a disk is full

@@ -55,6 +55,7 @@ class Gate:
     def __init__(self, process: subprocess.Popen[bytes], launch: Launch, control: int, out_r: int) -> None:
         self.process = process
         self.leader = Leader(process)  # the gate, watched; its sandbox_init may be set
+        self.leader.cgroup = launch.take_group()
         self.launch = launch  # the sandbox's argv and descriptors; its info pipe until the end
         self.control = control  # the gate's control pipe: `G` starts the program
         self.out_r = out_r  # the program's output pipe
@@ -247,15 +248,14 @@ class Supervisor:
         arms its death signal, waits for `G` and execs."""
         from ..sandboxing import beneath
 
-        folder = record["folder"]
         box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
                       record.get("seccomp"), Limits.of_record(record.get("limits")),
                       longest=math.ceil(record["timeout"]))
         files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            folder_fd = beneath.open_folder(files_fd, folder)  # a link planted since start: refused
+            folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
             try:
-                launch = prepare(box, record["program_argv"], folder, files_fd)
+                launch = prepare(box, record["program_argv"], record["folder"], files_fd)
             except BaseException:
                 os.close(folder_fd)
                 raise
@@ -286,10 +286,6 @@ class Supervisor:
                     stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *launch.fds),
                     cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=launch.env,
                 )
-        except BaseException:
-            os.close(control_w)
-            os.close(out_r)
-            raise
         finally:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)
@@ -297,9 +293,7 @@ class Supervisor:
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
                 os.unlink(input_path)  # fed: the gate holds it open now
-        made = Gate(process, launch, control_w, out_r)
-        made.leader.cgroup = launch.take_group()
-        return made
+        return Gate(process, launch, control_w, out_r)
 
     # -- steps 5 to 8: one loop -----------------------------------------------
 

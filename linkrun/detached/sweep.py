@@ -17,6 +17,7 @@ import time
 from .. import logger
 from ..state import filing, layout, records
 from ..messages import telling
+from ..messages.wayin import DeliveryOutcome  # the sweep tells: it loads the sender anyway
 from ..state.records import State, Told
 from .outfile import last_bytes, measure
 from ..config import split_flags, way_in_flags
@@ -25,7 +26,7 @@ from ..invocation import typed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from ..messages.wayin import OutcomeName
     from ..state.records import Record
 
 STOP_WAIT = 10.0
@@ -56,7 +57,7 @@ def main_sweep(argv: list[str]) -> int:
     return 1 if counts["failed"] else 0
 
 
-def sweep(state: str, override: telling.WayIn | None = None) -> dict[str, Any]:
+def sweep(state: str, override: telling.WayIn | None = None) -> dict[str, int]:
     """One pass over the state folder; returns counts, for tests and logs.
 
     A record that fails is named and the pass goes on to the next.
@@ -74,7 +75,7 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict[str, Any]:
     return counts
 
 
-def sweep_all(state: str, override: telling.WayIn | None, counts: dict[str, Any]) -> None:
+def sweep_all(state: str, override: telling.WayIn | None, counts: dict[str, int]) -> None:
     """The pass itself, under sweep.lock."""
     reachable = [True]  # one unreachable way in stops the telling for this run
     names = os.listdir(state)
@@ -90,7 +91,8 @@ def sweep_all(state: str, override: telling.WayIn | None, counts: dict[str, Any]
 
 
 def sweep_record(state: str, command_id: str, override: telling.WayIn | None = None,
-                 reachable: list[Any] | None = None, counts: dict[str, Any] | None = None, names: list[str] | None = None) -> None:
+                 reachable: list[bool] | None = None, counts: dict[str, int] | None = None,
+                 names: list[str] | None = None) -> None:
     """Mend one record whose supervisor is gone; nothing when its lock is held."""
     counts = counts if counts is not None else {"ended": 0, "told": 0, "removed": 0, "set aside": 0, "failed": 0}
     reachable = reachable if reachable is not None else [True]
@@ -112,9 +114,9 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
             counts["ended"] += 1
         if record.get("told") in records.TO_TELL and reachable[0]:
             outcome = tell(state, record, override)
-            if outcome == Told.TOLD:
+            if outcome == DeliveryOutcome.TOLD:
                 counts["told"] += 1
-            elif outcome == "not reached":
+            elif outcome == DeliveryOutcome.NOT_REACHED:
                 reachable[0] = False
         if record.get("told") in records.SETTLED and expired(state, record):
             remove_files(state, record, names)
@@ -254,7 +256,7 @@ def last_sign_of_life(state: str, record: Record) -> float:
     return min(max(times), records.now()) if times else records.now()
 
 
-def tell(state: str, record: Record, override: telling.WayIn | None) -> str:
+def tell(state: str, record: Record, override: telling.WayIn | None) -> OutcomeName:
     """A sweep's attempt, in its own ten-minute window."""
     now = records.now()
     first_try = record.get("sweep_first_try")
@@ -262,11 +264,11 @@ def tell(state: str, record: Record, override: telling.WayIn | None) -> str:
         first_try = record["sweep_first_try"] = now
     way_in = override or telling.WayIn.of(record)
     delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"), last_bytes)
-    if delivery.outcome == "not reached" and now - min(first_try, now) >= telling.WINDOW:
+    if delivery.outcome == DeliveryOutcome.NOT_REACHED and now - min(first_try, now) >= telling.WINDOW:
         record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)
         logger.warning(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
-        return Told.GIVEN_UP
+        return DeliveryOutcome.GIVEN_UP
     return delivery.outcome
 
 

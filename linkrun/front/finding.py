@@ -22,7 +22,7 @@ from .results import ToolResult
 from .waiting import END, MATCH, Waited, wait_seconds
 
 if TYPE_CHECKING:
-    from ..detached.outfile import Shown
+    from ..state.records import Shown
     from ..detached.background import Background
     from .kept import Kept
 

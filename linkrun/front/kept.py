@@ -42,7 +42,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Final
 
-    from ..detached.outfile import KeptItem
+    from ..state.records import KeptItem
 
 FOLDER = layout.KEPT
 STREAMS = ("output", "errors")

@@ -18,7 +18,7 @@ from .results import ToolResult
 from .waiting import MAX_WAIT, wait_seconds
 
 if TYPE_CHECKING:
-    from ..detached.outfile import Shown
+    from ..state.records import Shown
     from ..config import Serve
     from ..detached.background import Background
     from .tools import CallContext

@@ -29,7 +29,7 @@ from ..detached.lines import BLOCK, SCAN_SECONDS, SCREEN, Found, Scanner, line_a
 from ..errors import Refused
 
 if TYPE_CHECKING:
-    from ..detached.outfile import Shown
+    from ..state.records import Shown
     from ..detached.background import Background
 
 MAX_WAIT = 30  # a read's longest wait, of a background command's output or a kept one's

@@ -31,8 +31,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Final, Literal, NotRequired, TypedDict
 
-    # Each name once here, each as a constant of State or Told below: mypy
-    # checks every constant against these, and test_records every name has one.
+    # Each name once here, each as a constant of State or Told below: mypy checks
+    # every constant against these (RUNNING_STATES … SETTLED), test_record.py
+    # that every name has one.
     StateName = Literal["starting", "running", "exited", "stopped", "timed out", "lost", "failed to start"]
     ToldName = Literal["untold", "telling", "told", "given up", "no way in"]
 
@@ -81,6 +82,24 @@ if TYPE_CHECKING:
         "lines_more": NotRequired[int], "lines_batch": NotRequired[LinesBatch | None],
         "lines_sent": NotRequired[int], "lines_told_at": NotRequired[float | None],
     })
+
+    class KeptItem(TypedDict):
+        """What read and find show of a kept output (front/kept.py, kept in the state folder too), in a record's place.
+        The fields a reader asks a record for are never there."""
+
+        id: str
+        state: Literal["kept"]
+        program: str | None
+        args: list[str] | None
+        started: NotRequired[float]
+        exit: NotRequired[None]
+        signal: NotRequired[None]
+        limit: NotRequired[None]
+        dropped: NotRequired[int]
+        proxy: NotRequired[None]
+        leader_pid: NotRequired[None]
+
+    Shown = Record | KeptItem  # a background command's record, or a kept output's stand-in
 
 
 class State:

@@ -8,6 +8,7 @@ import ast
 import os
 import subprocess
 import time
+import typing
 from pathlib import Path
 
 import orjson
@@ -31,25 +32,37 @@ def plant(state: Path, files: Path, changes: dict) -> dict:
     return record
 
 
-def literal(name: str, module: object = records) -> set[str]:
-    """The strings of a module's `<name> = Literal[...]`, a type the checker alone sees."""
+def typed(module: object) -> dict[str, object]:
+    """What a module declares under its `if TYPE_CHECKING:` (the type checker's alone), run for a test."""
     tree = ast.parse(Path(module.__file__).read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
-            assert isinstance(node.value, ast.Subscript)
-            return {element.value for element in ast.walk(node.value.slice) if isinstance(element, ast.Constant)}
-    raise AssertionError(f"no {name} in {module}")
+    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING")
+    namespace: dict[str, object] = {}
+    exec(compile(ast.Module(block.body, []), module.__file__, "exec"), namespace)
+    return namespace
 
 
-def test_record_names_each_state_and_told_value_once_with_its_constant():
-    # mypy checks each constant against its Literal (Final); this checks each name has its constant.
-    for name, constants in (("StateName", records.State), ("ToldName", records.Told)):
-        values = {value for key, value in vars(constants).items() if key.isupper()}
-        assert literal(name) == values, name
-    assert set(records.RUNNING_STATES + records.ENDED_STATES) == literal("StateName")
-    assert set(records.TO_TELL + records.SETTLED) == literal("ToldName")
-    outcomes = {value for key, value in vars(wayin.DeliveryOutcome).items() if key.isupper()}
-    assert literal("OutcomeName", wayin) == outcomes
+def constants(names: type) -> set[str]:
+    return {value for key, value in vars(names).items() if key.isupper()}
+
+
+def test_each_state_told_value_and_delivery_outcome_is_named_once_with_its_constant():
+    # mypy checks each constant against its Literal (through the tuples); this, that each name has its constant.
+    declared = typed(records)
+    states, told = set(typing.get_args(declared["StateName"])), set(typing.get_args(declared["ToldName"]))
+    assert states == constants(records.State) == set(records.RUNNING_STATES + records.ENDED_STATES)
+    assert told == constants(records.Told) == set(records.TO_TELL + records.SETTLED)
+    assert set(typing.get_args(typed(wayin)["OutcomeName"])) == constants(wayin.DeliveryOutcome)
+
+
+def test_what_a_load_checks_is_what_the_record_type_declares():
+    record = typed(records)["Record"]
+    assert set(records._REQUIRED) <= record.__required_keys__
+    assert set(records._OPTIONAL) <= record.__required_keys__ | record.__optional_keys__
+    fields = set(records.new_record("a" * 16, argv=[], write=[], proxy=None, seccomp=None, files="/", folder="",
+                                    program="true", args=[], program_argv=[], timeout=1, output=1,
+                                    background_output=1, keep=1, way_in=None, agent=None, keyring=None, thread="t",
+                                    hops=0, limits=None))
+    assert fields <= record.__required_keys__ | record.__optional_keys__
 
 
 def test_the_fixture_lacks_the_fields_added_since_so_it_stands_for_an_older_record():

@@ -96,7 +96,6 @@ class Supervisor:
         self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
         self.output: OutputFile | None = None  # step 2 makes it; the end records what it holds
         self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
-        self.began = 0.0  # boot-time clock at `G`
 
     def run(self) -> int:
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
@@ -156,12 +155,12 @@ class Supervisor:
             logger.warning(f"nothing ran: {problem}")
             return self.finish(State.FAILED_TO_START, None, None)
 
-        ended = self.go(record, gate, output)
-        if ended is not None:
-            return ended
+        began = self.go(record, gate, output)
+        if isinstance(began, str):
+            return self.nothing_ran(gate, began)
         self.watching.start()  # only now: its imports would compete with the steps above
         try:
-            return self.loop(gate, output)
+            return self.loop(gate, output, began)
         except Exception:
             # A failure of ours must not leave the command running unwatched.
             import traceback  # only here: it costs a start what it never needs
@@ -172,10 +171,11 @@ class Supervisor:
             self.end_cgroup(gate.leader)
             return self.finish(State.LOST, None, None)
 
-    def go(self, record: Record, gate: Gate, output: OutputFile) -> int | None:
+    def go(self, record: Record, gate: Gate, output: OutputFile) -> float | StateName:
         """Steps 4 and 5: the record names the group, then `G` lets the program
-        run and the sandbox's init is recorded. An exit code when it ended
-        before anything ran (a stop came first, or its limits could not be set)."""
+        run and the sandbox's init is recorded. The boot-time clock at `G`; or
+        the state to end in when nothing ran (a stop came first, or its limits
+        could not be set)."""
         pid, launch = gate.process.pid, gate.launch
         # 4. The record names the group before anything runs.
         record.update({
@@ -187,17 +187,17 @@ class Supervisor:
         self.save(record)  # on a full state folder, the program waits for room to record it
         if os.path.exists(self.stop_path):
             os.close(gate.control)  # the gate reads EOF and exits: nothing ran
-            return self.nothing_ran(gate, self.stop_state())
+            return self.stop_state()
         os.write(gate.control, b"G")
         os.close(gate.control)
-        self.began = boottime()
+        began = boottime()
         # The sandbox is ended through its init, and a sweep finds it in the record if we die.
         try:
             gate.leader.sandbox_init = launch.init_pidfd()
         except LinkRunError as problem:  # the program's limits could not be set: its init is killed
             logger.warning(f"nothing ran: {problem}")
             gate.leader.kill()
-            return self.nothing_ran(gate, State.FAILED_TO_START)
+            return State.FAILED_TO_START
         if launch.no_internet:
             logger.warning(f"no internet for this command: {launch.no_internet}")
         if launch.init_pid is not None:  # found with its pidfd
@@ -206,7 +206,7 @@ class Supervisor:
                 records.write(self.state, self.id, record)
             except OSError as problem:  # the pipe must not wait: the next write of the record carries it
                 logger.warning(f"cannot record the sandbox's init yet: {problem}")
-        return None
+        return began
 
     def nothing_ran(self, gate: Gate, state: StateName) -> int:
         """The gate ended before the program ran: wait for it, close what step 3 opened, finish."""
@@ -297,9 +297,9 @@ class Supervisor:
 
     # -- steps 5 to 8: one loop -----------------------------------------------
 
-    def loop(self, gate: Gate, output: OutputFile) -> int:
+    def loop(self, gate: Gate, output: OutputFile, began: float) -> int:
         launch = gate.launch
-        watch = Watch(gate.leader, self.began + self.record["timeout"], log=logger.info,
+        watch = Watch(gate.leader, began + self.record["timeout"], log=logger.info,
                       stages=(Stage("SIGTERM to the program's session", lambda: self.terminate(gate.process.pid),
                                     TERM_GRACE),))
         if self.record.get("tell_on"):

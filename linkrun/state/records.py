@@ -84,8 +84,8 @@ if TYPE_CHECKING:
     })
 
     class KeptItem(TypedDict):
-        """What read and find show of a kept output (front/kept.py, kept in the state folder too), in a record's place.
-        The fields a reader asks a record for are never there."""
+        """What read and find show of a kept output (front/kept.py) in a record's
+        place: the fields a reader asks a record for are never there."""
 
         id: str
         state: Literal["kept"]

@@ -9,6 +9,10 @@ import re
 
 from .errors import UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 # Matched whole (fullmatch): `$` would let a trailing newline through.
 AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")
 _HTTP = re.compile(r"http://127\.0\.0\.1:(\d{1,5})(/[\x21-\x7e]*)?")
@@ -16,7 +20,7 @@ _HTTP = re.compile(r"http://127\.0\.0\.1:(\d{1,5})(/[\x21-\x7e]*)?")
 _UNIX_PATH_MAX = 107
 
 
-def parse_address(text: str, listening: bool = False) -> tuple:
+def parse_address(text: str, listening: bool = False) -> tuple[str, Any, str]:  # Any: a port or a path, by kind
     """`http://127.0.0.1:<port>/<path>` → ("http", port, path);
     `unix:<absolute socket path>` → ("unix", path, "/").
 

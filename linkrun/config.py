@@ -116,11 +116,11 @@ class Limits:
                  f"cpu={self.cpu}%" if self.cpu is not None else ""]
         return ",".join(part for part in parts if part)
 
-    def as_record(self) -> dict:
+    def as_record(self) -> dict[str, int | None]:
         return {"memory": self.memory, "tasks": self.tasks, "cpu": self.cpu}
 
     @classmethod
-    def of_record(cls, value: dict | None) -> Limits | None:
+    def of_record(cls, value: dict[str, int | None] | None) -> Limits | None:
         return cls(**value) if value else None
 
 

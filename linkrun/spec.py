@@ -12,6 +12,10 @@ from .config import parse_duration, parse_size
 from .errors import LinkRunError, UsageError
 from .sandboxing import sandbox
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 # [tool.run] key → (serve's flag, kind)
 RUN_KEYS = {
     "timeout": ("--timeout", "duration"),
@@ -27,7 +31,7 @@ RUN_KEYS = {
 }
 
 
-def run_settings(spec: Mapping, source: str) -> dict[str, str]:
+def run_settings(spec: Mapping[str, Any], source: str) -> dict[str, str]:
     """The spec's `[tool.run]` over the embedded defaults → serve's flag values.
 
     A duration or size may be a number (seconds, bytes) or text (`2m`, `16K`);
@@ -60,7 +64,7 @@ def run_settings(spec: Mapping, source: str) -> dict[str, str]:
     return values
 
 
-def read_toml(path: str, what: str) -> dict:
+def read_toml(path: str, what: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

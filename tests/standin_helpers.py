@@ -109,7 +109,7 @@ def record(**changes) -> dict:
     base = {
         "id": ID, "program": "sh", "args": ["-c", "make test"], "started": 1_700_000_000.0,
         "timeout": 3600, "output": 16384, "thread": "conversation-7", "hops": 2,
-        "state": "exited", "exit": 0, "signal": None, "seconds": 4.25, "bytes": 6, "kept_from": 0,
+        "state": "exited", "exit": 0, "signal": None, "ended": 1_700_000_004.25, "bytes": 6, "kept_from": 0,
     }
     return base | changes
 

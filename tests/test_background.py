@@ -471,7 +471,7 @@ def test_a_read_and_a_list_open_background_once_a_call(files, state, monkeypatch
         assert len(background.list(META)) == 3
         assert opened == [layout.BACKGROUND]
         opened.clear()
-        background.read({"id": command_id, "wait": 0.3}, META)  # passes until its wait is over
+        background.read({"id": command_id}, META, 0.3)  # passes until its wait is over
         assert opened == [layout.BACKGROUND]
     finally:
         for fd in locks + [files_fd]:

@@ -34,7 +34,7 @@ def test_the_start_is_shown_as_local_iso_8601_to_the_second():
     ({"exit": 137}, "exited with status 137 (128+9: the program may have been killed by SIGKILL)"),
     ({"state": "timed out", "exit": None, "signal": "SIGKILL", "timeout": 120}, "timed out after 2m;"),
     ({"state": "stopped", "exit": None, "signal": "SIGTERM"}, "was stopped; it ran 4.25 s"),
-    ({"state": "lost", "exit": None, "seconds": 125},
+    ({"state": "lost", "exit": None, "ended": 1_700_000_125.0},
      "was lost: the agent or the computer stopped while it ran; it ran at least 2m 5s"),
 ])
 def test_the_text_says_how_it_ended(changes, says):
@@ -42,7 +42,7 @@ def test_the_text_says_how_it_ended(changes, says):
 
 
 def test_a_command_that_never_started_is_told_so_without_an_output_block():
-    text = told.told_text(record(state="failed to start", exit=None, bytes=0, seconds=0), b"")
+    text = told.told_text(record(state="failed to start", exit=None, bytes=0, ended=1_700_000_000.0), b"")
     assert text.endswith("could not be started (its supervisor died before it ran; nothing ran).")
     assert "OUTPUT" not in text
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from .. import logger
 from . import admission, outfile
@@ -29,18 +30,21 @@ from ..kernel import write_all
 from ..processes.runner import Request
 from ..units import local_time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..state.records import Record
+
 THREAD_KEY = "link.local/thread"
 HOPS_KEY = "link.local/hops"
 CLIENT_THREAD_KEY = "threadId"  # Codex's own thread, in every tools/call's _meta
 DEFAULT_THREAD = "default"  # the conversation of a plain client that names none
-MAX_WAIT = 30
 STOP_WAIT = 5.0
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
-Entries = list[dict]  # commands as list and stop answer them (the class's own `list` hides the builtin)
+Entries = list[dict[str, Any]]  # commands as list and stop answer them (the class's own `list` hides the builtin)
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
 
 
-def conversation(meta: dict, way_in: bool) -> tuple[str, int]:
+def conversation(meta: dict[str, Any], way_in: bool) -> tuple[str, int]:
     """The call's conversation and its hops.
 
     With a way in, the seeds' rule: no `link.local/thread`, no background
@@ -60,7 +64,7 @@ def conversation(meta: dict, way_in: bool) -> tuple[str, int]:
     return thread, hops
 
 
-def _client_thread(meta: dict) -> str | None:
+def _client_thread(meta: dict[str, Any]) -> str | None:
     thread = meta.get(CLIENT_THREAD_KEY)
     return thread if isinstance(thread, str) and thread else None
 
@@ -84,12 +88,12 @@ class Background:
         self.supervisor_argv: list[str] | None = None  # found at the first start
         self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
 
-    def conversation(self, meta: dict) -> tuple[str, int]:
+    def conversation(self, meta: dict[str, Any]) -> tuple[str, int]:
         return conversation(meta, self.b.way_in is not None)
 
     # -- start ----------------------------------------------------------------
 
-    def start(self, request: Request, argv_tail: list[str], arguments: dict, meta: dict) -> str:
+    def start(self, request: Request, argv_tail: list[str], arguments: dict[str, Any], meta: dict[str, Any]) -> str:
         """The new command's id."""
         thread, hops = self.conversation(meta)
         if arguments.get("tell_on") is not None:
@@ -134,7 +138,7 @@ class Background:
                 os.close(lock_fd)
             if code != 0:
                 admission.uncount_start(self.state, counted)
-                record.update(state=records.State.FAILED_TO_START, ended=records.now(), told=records.Told.TOLD)
+                record.update({"state": records.State.FAILED_TO_START, "ended": records.now(), "told": records.Told.TOLD})
                 records.write(self.state, command_id, record)
                 raise LinkRunError(f"the supervisor of {command_id} could not start (exit {code})",
                                    f"its log is {layout.path(self.state, command_id, layout.LOG)}")
@@ -163,8 +167,8 @@ class Background:
                           "background commands need background/ to be a folder of the files folder; "
                           "remove what is there") from None
 
-    def new_record(self, command_id: str, request: Request, argv_tail: list[str], arguments: dict, thread: str,
-                   hops: int) -> dict:
+    def new_record(self, command_id: str, request: Request, argv_tail: list[str], arguments: dict[str, Any], thread: str,
+                   hops: int) -> Record:
         s, b = self.settings, self.b
         return records.new_record(
             command_id, argv=list(s.sandbox), write=list(s.write),
@@ -230,7 +234,7 @@ class Background:
 
     # -- list, read, stop -------------------------------------------------------
 
-    def own_record(self, command_id: object, meta: dict) -> dict:
+    def own_record(self, command_id: object, meta: dict[str, Any]) -> Record:
         thread, _ = self.conversation(meta)
         if not isinstance(command_id, str) or not records.ID.fullmatch(command_id):
             raise Refused(UNKNOWN.format(id=command_id))  # never touches the disk
@@ -239,7 +243,7 @@ class Background:
             raise Refused(UNKNOWN.format(id=command_id))
         return record
 
-    def list(self, meta: dict) -> list[dict]:
+    def list(self, meta: dict[str, Any]) -> Entries:
         """This conversation's commands, newest first, as entries."""
         thread, _ = self.conversation(meta)
         own = []
@@ -258,7 +262,7 @@ class Background:
         own.sort(key=lambda r: r["started"], reverse=True)
         return self.entries(own)
 
-    def entries(self, own: Sequence[dict]) -> Entries:
+    def entries(self, own: Sequence[Record]) -> Entries:
         """The records as list shows them; background/ opened once, for the running ones' output."""
         folder = self._folder_for_totals(own)
         try:
@@ -267,7 +271,7 @@ class Background:
             if folder is not None:
                 os.close(folder)
 
-    def _folder_for_totals(self, own: Sequence[dict]) -> int | None:
+    def _folder_for_totals(self, own: Sequence[Record]) -> int | None:
         """background/, open, when a running command's bytes so far are wanted; else None, as when it
         cannot be opened (the records' own totals are shown then)."""
         if not any(record["state"] in records.RUNNING_STATES for record in own):
@@ -277,7 +281,7 @@ class Background:
         except (LinkRunError, OSError):
             return None
 
-    def entry(self, record: dict, folder: int | None) -> dict:
+    def entry(self, record: Record, folder: int | None) -> dict[str, Any]:
         """`folder`: background/, open, for a running command's bytes so far (None: as its record last said)."""
         ended = record.get("ended") or records.now()
         total, unreadable = record.get("bytes") or 0, None
@@ -299,16 +303,14 @@ class Background:
             entry["unreadable"] = unreadable
         return entry
 
-    def read(self, arguments: dict, meta: dict,
+    def read(self, arguments: dict[str, Any], meta: dict[str, Any], wait: float,
              progress: Callable[[float, float], None] | None = None) -> ReadChunk:
+        """Its output from `offset`, waiting up to `wait` seconds (checked by the read tool) for more."""
         command_id = arguments.get("id")
         record = self.own_record(command_id, meta)
         offset = arguments.get("offset")
         if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
             raise Refused("offset must be a whole number of bytes, 0 or more", "use the next of the last read")
-        wait = arguments.get("wait", 0)
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
-            raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT}")
         deadline = time.monotonic() + wait
         reported: float | None = None
         with self.watcher.watching(wait > 0), self.output_folder() as folder:
@@ -340,7 +342,7 @@ class Background:
         finally:
             os.close(folder)
 
-    def stop(self, arguments: dict, meta: dict) -> dict:
+    def stop(self, arguments: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
         record = self.own_record(arguments.get("id"), meta)
         command_id: str = record["id"]  # the id asked for: load checks it
         if record["state"] in records.RUNNING_STATES:
@@ -360,7 +362,7 @@ class Background:
             record = self.reload(command_id)
         return self.entries([record])[0]
 
-    def reload(self, command_id: str) -> dict:
+    def reload(self, command_id: str) -> Record:
         """The record again: one gone meanwhile (removed, or set aside as bad) is no command any more."""
         record = records.load(self.state, command_id)
         if record is None:

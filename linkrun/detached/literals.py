@@ -60,7 +60,7 @@ def starts_lines(pattern: str) -> bool:
     return parsed is not None and not parsed.state.flags & ~allowed and _starts_lines(list(parsed), c)
 
 
-def _starts_lines(items: list, c: Any) -> bool:
+def _starts_lines(items: list[Any], c: Any) -> bool:
     if not items:
         return False
     op, value = items[0]
@@ -85,7 +85,7 @@ def _parse(pattern: str) -> Any:
         return None
 
 
-def _required(items: list, c: Any) -> list[str] | None:
+def _required(items: list[Any], c: Any) -> list[str] | None:
     """For a sequence of parsed items: the best set of literals that each match of it holds."""
     best: list[str] | None = None
     run: list[str] | None = None  # the strings matched since the last item that is not exact: one of them
@@ -143,7 +143,7 @@ def _exact(op: Any, value: Any, c: Any) -> list[str] | None:
     return None
 
 
-def _exact_sequence(items: list, c: Any) -> list[str] | None:
+def _exact_sequence(items: list[Any], c: Any) -> list[str] | None:
     strings: list[str] | None = [""]
     for op, value in items:
         exact = _exact(op, value, c)

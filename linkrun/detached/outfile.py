@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..state import layout, records
 from ..kernel import last_errno, libc
@@ -34,6 +34,7 @@ from ..processes.group import CHUNK
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..state.records import Record, Rotated, Shown
     from .linescan import LineScan
 # Read and write: a rotation copies the newest bytes out of the old file.
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -52,7 +53,7 @@ def open_background(files: str) -> int:
         os.close(files_fd)
 
 
-def kept_from_of(record: dict, inode: int) -> int | None:
+def kept_from_of(record: Record, inode: int) -> int | None:
     """Where the output file with this inode starts, by the record; None when
     the record names other files (a rotation came between the two looks)."""
     if record.get("inode") in (None, inode):
@@ -62,7 +63,7 @@ def kept_from_of(record: dict, inode: int) -> int | None:
     return None
 
 
-def last_bytes(record: dict) -> bytes:
+def last_bytes(record: Record) -> bytes:
     """The end of the command's output for the told message (the record's `output` // 2 bytes)."""
     fd = _output_of(record)
     if fd is None:
@@ -83,7 +84,7 @@ def open_output(folder_fd: int, command_id: str) -> int | None:
         return None
 
 
-def measure(record: dict) -> tuple[int, int, int] | None:
+def measure(record: Record) -> tuple[int, int, int] | None:
     """(inode, kept_from, size) of a command's output file as its record
     names it, or None; for a record no supervisor writes any more."""
     fd = _output_of(record)
@@ -95,7 +96,7 @@ def measure(record: dict) -> tuple[int, int, int] | None:
         os.close(fd)
 
 
-def _output_of(record: dict) -> int | None:
+def _output_of(record: Record) -> int | None:
     """A command's output file for reading, by its record; None when there is none, or it is a link."""
     try:
         folder = open_background(record["files"])
@@ -110,7 +111,7 @@ def _output_of(record: dict) -> int | None:
 
 
 class OutputFile:
-    def __init__(self, folder_fd: int, name: str, fd: int, cap: int, on_rotate: Callable[[dict], None],
+    def __init__(self, folder_fd: int, name: str, fd: int, cap: int, on_rotate: Callable[[Rotated], None],
                  log: Callable[[str], None] = lambda text: None):
         self.folder_fd = folder_fd
         self.name = name
@@ -131,7 +132,7 @@ class OutputFile:
         self.scan: LineScan | None = None  # told of each write and each new file, with a tell_on pattern
 
     @classmethod
-    def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[dict], None],
+    def create(cls, files: str, command_id: str, cap: int, on_rotate: Callable[[Rotated], None],
                log: Callable[[str], None] = lambda text: None) -> OutputFile:
         folder_fd = open_background(files)
         name = layout.output_name(command_id)
@@ -304,7 +305,7 @@ def _take_place(new_name: str, name: str, folder_fd: int) -> bool:
 
 
 RENAME_EXCHANGE = 2
-_renameat2: list = []  # once looked up: [renameat2], or [None] where there is none
+_renameat2: list[Any] = []  # once looked up: [renameat2], or [None] where there is none
 
 
 def _exchange(first: str, second: str, folder_fd: int) -> bool:
@@ -348,7 +349,7 @@ class Removed(Exception):
 class ReadChunk:
     """What one read found: bytes [offset, next) of the output, of `total` so far."""
 
-    record: dict
+    record: Shown
     data: bytes
     offset: int
     kept_from: int  # where the kept bytes start
@@ -363,7 +364,7 @@ class ReadChunk:
 class Look(NamedTuple):
     fd: int | None  # the output file, open; None when there is none
     size: int
-    record: dict
+    record: Shown
     kept_from: int  # where this file starts in the output
 
 
@@ -424,7 +425,7 @@ def _look(folder_fd: int, state: str, command_id: str) -> Look | None:
     return _match(fd, record)
 
 
-def _match(fd: int | None, record: dict) -> Look | None:
+def _match(fd: int | None, record: Record) -> Look | None:
     """The look, or None (the descriptor closed) when the record names other files."""
     if fd is None:  # none yet, or removed by hand (a rotation renames over it, never removes it)
         return Look(None, 0, record, 0)
@@ -436,7 +437,7 @@ def _match(fd: int | None, record: dict) -> Look | None:
     return Look(fd, size, record, kept_from)
 
 
-def _placed(fd: int, record: dict) -> tuple[int, int, int] | None:
+def _placed(fd: int, record: Record) -> tuple[int, int, int] | None:
     """(inode, kept_from, size) of the open output file, or None when the record names other files."""
     info = os.fstat(fd)
     kept_from = kept_from_of(record, info.st_ino)

@@ -42,8 +42,23 @@ USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # watchdog is loaded only by the watch thread (step 2)
+    from ..state.records import Record, Rotated, StateName
     from watchdog.observers.api import BaseObserver
     from .tellon import LineTeller
+
+
+class Gate:
+    """What step 3 makes, handed to the steps after it."""
+
+    __slots__ = ("process", "leader", "launch", "control", "out_r")
+
+    def __init__(self, process: subprocess.Popen[bytes], launch: Launch, control: int, out_r: int) -> None:
+        self.process = process
+        self.leader = Leader(process)  # the gate, watched; its sandbox_init may be set
+        self.leader.cgroup = launch.take_group()
+        self.launch = launch  # the sandbox's argv and descriptors; its info pipe until the end
+        self.control = control  # the gate's control pipe: `G` starts the program
+        self.out_r = out_r  # the program's output pipe
 
 
 def main(argv: list[str]) -> int:
@@ -70,8 +85,8 @@ class Supervisor:
         self.id = command_id
         self.state = state
         self.stop_path = layout.path(state, command_id, layout.STOP)
-        self.stopped_for: str | None = None  # the stop file's reason, once read
-        self.record: dict = {}
+        self.stopped_for: StateName | None = None  # the stop file's reason, once read
+        self.record: Record  # step 1 loads it
         self.lock_fd = -1
         # The wake pipe: signals (through set_wakeup_fd) and the stop file's watch write to it.
         self.wake_r = self.wake_w = -1
@@ -79,15 +94,8 @@ class Supervisor:
         self.observer: BaseObserver | None = None  # the stop file's watchdog observer, once set
         self.poll_every: float | None = WATCH_PENDING  # how often to look for the stop file, if at all
         self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
-        self.output: OutputFile | None = None
+        self.output: OutputFile | None = None  # step 2 makes it; the end records what it holds
         self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
-        # Set by spawn_gate (step 3):
-        self.gate: subprocess.Popen | None = None
-        self.leader: Leader | None = None  # the gate, watched; its sandbox_init may be set
-        self.launch: Launch | None = None  # the sandbox's argv and descriptors; its info pipe until the end
-        self.control = -1  # the gate's control pipe: `G` starts the program
-        self.out_r = -1  # the program's output pipe
-        self.began = 0.0  # boot-time clock at `G`
 
     def run(self) -> int:
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
@@ -120,8 +128,8 @@ class Supervisor:
         # it is set the loop looks once more, so no stop is ever lost (and
         # step 4 looks before `G`).
         try:
-            self.output = OutputFile.create(record["files"], self.id, record["background_output"],
-                                            on_rotate=self.rotated, log=logger.info)
+            output = self.output = OutputFile.create(record["files"], self.id, record["background_output"],
+                                                     on_rotate=self.rotated, log=logger.info)
         except OSError as problem:
             logger.warning(f"cannot create the output file: {problem}")
             return self.finish(State.FAILED_TO_START, None, None)
@@ -142,74 +150,70 @@ class Supervisor:
 
         # 3. The gate, from this (main) thread: its death signal follows this thread.
         try:
-            self.spawn_gate()
+            gate = self.spawn_gate(record)  # closes what it made when it fails
         except Exception as problem:  # OSError, or a link planted on its folders since start
             logger.warning(f"nothing ran: {problem}")
-            if self.launch is not None:
-                self.launch.close()  # and its cgroup, which nothing joined
             return self.finish(State.FAILED_TO_START, None, None)
-        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
 
-        ended = self.go(record)
-        if ended is not None:
-            return ended
+        began = self.go(record, gate, output)
+        if isinstance(began, str):
+            return self.nothing_ran(gate, began)
         self.watching.start()  # only now: its imports would compete with the steps above
         try:
-            return self.loop()
+            return self.loop(gate, output, began)
         except Exception:
             # A failure of ours must not leave the command running unwatched.
             import traceback  # only here: it costs a start what it never needs
 
             logger.error("failed while it ran; killing its group:\n" + traceback.format_exc())
-            self.leader.kill()  # done already if the watch itself failed
-            self.gate.wait()
-            self.end_cgroup()
+            gate.leader.kill()  # done already if the watch itself failed
+            gate.process.wait()
+            self.end_cgroup(gate.leader)
             return self.finish(State.LOST, None, None)
 
-    def go(self, record: dict) -> int | None:
+    def go(self, record: Record, gate: Gate, output: OutputFile) -> float | StateName:
         """Steps 4 and 5: the record names the group, then `G` lets the program
-        run and the sandbox's init is recorded. An exit code when it ended
-        before anything ran (a stop came first, or its limits could not be set)."""
-        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
-        assert self.output is not None  # step 2 made it
+        run and the sandbox's init is recorded. The boot-time clock at `G`; or
+        the state to end in when nothing ran (a stop came first, or its limits
+        could not be set)."""
+        pid, launch = gate.process.pid, gate.launch
         # 4. The record names the group before anything runs.
-        record.update(
-            state=State.RUNNING, group=self.gate.pid, leader_pid=self.gate.pid,
-            leader_start=records.process_start(self.gate.pid), boot_id=records.boot_id(),
-            inode=self.output.inode, kept_from=0, bytes=0,
-            cgroup=self.leader.cgroup.as_record() if self.leader.cgroup is not None else None,
-        )
+        record.update({
+            "state": State.RUNNING, "group": pid, "leader_pid": pid,
+            "leader_start": records.process_start(pid), "boot_id": records.boot_id(),
+            "inode": output.inode, "kept_from": 0, "bytes": 0,
+            "cgroup": gate.leader.cgroup.as_record() if gate.leader.cgroup is not None else None,
+        })
         self.save(record)  # on a full state folder, the program waits for room to record it
         if os.path.exists(self.stop_path):
-            os.close(self.control)  # the gate reads EOF and exits: nothing ran
-            return self.nothing_ran(self.stop_state())
-        os.write(self.control, b"G")
-        os.close(self.control)
-        self.began = boottime()
+            os.close(gate.control)  # the gate reads EOF and exits: nothing ran
+            return self.stop_state()
+        os.write(gate.control, b"G")
+        os.close(gate.control)
+        began = boottime()
         # The sandbox is ended through its init, and a sweep finds it in the record if we die.
         try:
-            self.leader.sandbox_init = self.launch.init_pidfd()
+            gate.leader.sandbox_init = launch.init_pidfd()
         except LinkRunError as problem:  # the program's limits could not be set: its init is killed
             logger.warning(f"nothing ran: {problem}")
-            self.leader.kill()
-            return self.nothing_ran(State.FAILED_TO_START)
-        if self.launch.no_internet:
-            logger.warning(f"no internet for this command: {self.launch.no_internet}")
-        if self.launch.init_pid is not None:  # found with its pidfd
-            record.update(init_pid=self.launch.init_pid, init_start=records.process_start(self.launch.init_pid))
+            gate.leader.kill()
+            return State.FAILED_TO_START
+        if launch.no_internet:
+            logger.warning(f"no internet for this command: {launch.no_internet}")
+        if launch.init_pid is not None:  # found with its pidfd
+            record.update({"init_pid": launch.init_pid, "init_start": records.process_start(launch.init_pid)})
             try:
                 records.write(self.state, self.id, record)
             except OSError as problem:  # the pipe must not wait: the next write of the record carries it
                 logger.warning(f"cannot record the sandbox's init yet: {problem}")
-        return None
+        return began
 
-    def nothing_ran(self, state: str) -> int:
+    def nothing_ran(self, gate: Gate, state: StateName) -> int:
         """The gate ended before the program ran: wait for it, close what step 3 opened, finish."""
-        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
-        self.gate.wait()
-        self.leader.close()
-        self.launch.close()
-        self.end_cgroup()
+        gate.process.wait()
+        gate.leader.close()
+        gate.launch.close()
+        self.end_cgroup(gate.leader)
         return self.finish(state, None, None)
 
     # -- step 2 ---------------------------------------------------------------
@@ -238,13 +242,12 @@ class Supervisor:
 
     # -- step 3 ---------------------------------------------------------------
 
-    def spawn_gate(self) -> None:
+    def spawn_gate(self, record: Record) -> Gate:
         """Step 3. The sandbox's launch is prepared here, as serve prepares a
         call's, and its descriptors handed to the gate: the gate itself only
         arms its death signal, waits for `G` and execs."""
         from ..sandboxing import beneath
 
-        record = self.record
         box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
                       record.get("seccomp"), Limits.of_record(record.get("limits")),
                       longest=math.ceil(record["timeout"]))
@@ -252,15 +255,22 @@ class Supervisor:
         try:
             folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
             try:
-                self.launch = prepare(box, record["program_argv"], record["folder"], files_fd)
+                launch = prepare(box, record["program_argv"], record["folder"], files_fd)
             except BaseException:
                 os.close(folder_fd)
                 raise
         finally:
             os.close(files_fd)
-        control_r, self.control = os.pipe2(os.O_CLOEXEC)
+        try:
+            return self._spawn(launch, folder_fd)
+        except BaseException:
+            launch.close()  # and its cgroup, which nothing joined
+            raise
+
+    def _spawn(self, launch: Launch, folder_fd: int) -> Gate:
+        """The gate, born with the launch's descriptors; `folder_fd` closed here."""
+        control_r, control_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        self.out_r = out_r
         grow_pipe(out_r)
         input_path = layout.path(self.state, self.id, layout.INPUT)
         try:
@@ -268,68 +278,66 @@ class Supervisor:
         except FileNotFoundError:
             stdin = subprocess.DEVNULL
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
-        environment = "keep" if self.launch.env is None else "clear"  # see gate.py
+        environment = "keep" if launch.env is None else "clear"  # see gate.py
         try:
-            with self.launch.spawning():  # born in the command's cgroup, where it has one
-                self.gate = subprocess.Popen(
-                    [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment,
-                     *self.launch.argv],
-                    stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *self.launch.fds),
-                    cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=self.launch.env,
+            with launch.spawning():  # born in the command's cgroup, where it has one
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment, *launch.argv],
+                    stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *launch.fds),
+                    cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=launch.env,
                 )
         finally:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)
-            self.launch.handed_over()
+            launch.handed_over()
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
                 os.unlink(input_path)  # fed: the gate holds it open now
-        self.leader = Leader(self.gate)
-        self.leader.cgroup = self.launch.take_group()
+        return Gate(process, launch, control_w, out_r)
 
     # -- steps 5 to 8: one loop -----------------------------------------------
 
-    def loop(self) -> int:
-        assert self.gate is not None and self.leader is not None and self.launch is not None  # step 3 made them
-        assert self.output is not None  # step 2 made it
-        watch = Watch(self.leader, self.began + self.record["timeout"], log=logger.info,
-                      stages=(Stage("SIGTERM to the program's session", self.terminate, TERM_GRACE),))
+    def loop(self, gate: Gate, output: OutputFile, began: float) -> int:
+        launch = gate.launch
+        watch = Watch(gate.leader, began + self.record["timeout"], log=logger.info,
+                      stages=(Stage("SIGTERM to the program's session", lambda: self.terminate(gate.process.pid),
+                                    TERM_GRACE),))
         if self.record.get("tell_on"):
             from .tellon import LineTeller  # only here: it loads RE2 and the way in's sender
 
             try:
                 self.teller = LineTeller(self.state, self.record, self.wake_w, logger.warning)
-                self.teller.attach(self.output)
+                self.teller.attach(output)
             except Exception as problem:  # noqa: BLE001 - its lines go untold; the command runs all the same
                 logger.warning(f"cannot look for tell_on lines: {problem!r}")
-                self.teller, self.output.scan = None, None
-        watch.drain(self.out_r, self.output.pump)
+                self.teller, output.scan = None, None
+        watch.drain(gate.out_r, output.pump)
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
         from ..sandboxing.gitcheck import Meanwhile  # the git check while the program runs too
-        watch.run(self.look_for_a_stop if self.launch.git is None else
-                  Meanwhile(self.launch.git, [], self.look_for_a_stop, lambda note: logger.warning(f"git check: {note}")))
-        self.gate.wait()
-        self.end_cgroup()
-        self.launch.close()  # with the git check: every process of the sandbox has ended
-        for note in self.launch.git_notes:
+        watch.run(self.look_for_a_stop if launch.git is None else
+                  Meanwhile(launch.git, [], self.look_for_a_stop, lambda note: logger.warning(f"git check: {note}")))
+        gate.process.wait()
+        self.end_cgroup(gate.leader)
+        launch.close()  # with the git check: every process of the sandbox has ended
+        for note in launch.git_notes:
             logger.warning(f"git check: {note}")
-        os.close(self.out_r)
-        self.output.finish()
+        os.close(gate.out_r)
+        output.finish()
         if self.teller is not None:
             self.teller.finish()
-        ending = watch.ending
-        if self.record.get("limit") is None and self.launch.holding is not None and self.launch.holding.by_rlimit:
+        # The reason given to watch.stop (a state of ours), or its own "timed out".
+        ending = next((state for state in records.ENDED_STATES if state == watch.ending), None)
+        if self.record.get("limit") is None and launch.holding is not None and launch.holding.by_rlimit:
             from ..sandboxing.fallback import bitten  # its output is a file, not looked into: cpu alone is told
 
-            self.record["limit"] = bitten(self.launch.holding, watch.exit, watch.signal, b"")
+            self.record["limit"] = bitten(launch.holding, watch.exit, watch.signal, b"")
         if ending is None and self.signalled is not None:
             ending = State.LOST
         return self.finish(ending or State.EXITED, watch.exit, watch.signal)
 
-    def end_cgroup(self) -> None:
+    def end_cgroup(self, leader: Leader) -> None:
         """Which limit bit, for the record; then the group goes, with whatever is left in it."""
-        assert self.leader is not None  # step 3 made it
-        group = self.leader.cgroup
+        group = leader.cgroup
         if group is not None:
             self.record["limit"] = group.limit_hit()
             group.remove()
@@ -351,13 +359,12 @@ class Supervisor:
         except BlockingIOError:
             pass
 
-    def terminate(self) -> None:
+    def terminate(self, gate_pid: int) -> None:
         """SIGTERM to the program's own session inside the sandbox, else to the gate's group."""
-        assert self.gate is not None  # step 3 made it
-        program = program_session(self.gate.pid) if "--new-session" in self.record["argv"] else None
-        kill_group(program if program is not None else self.gate.pid, signal.SIGTERM)
+        program = program_session(gate_pid) if "--new-session" in self.record["argv"] else None
+        kill_group(program if program is not None else gate_pid, signal.SIGTERM)
 
-    def stop_state(self) -> str:
+    def stop_state(self) -> StateName:
         """The stop file's reason, read once: the first reason wins."""
         if self.stopped_for is None:
             try:
@@ -370,14 +377,15 @@ class Supervisor:
 
     # -- step 5 hook, and step 9 ----------------------------------------------
 
-    def rotated(self, fields: dict) -> None:
+    def rotated(self, fields: Rotated) -> None:
         """(c) of a rotation: the record names the new file (and the one before
         it) before it takes the old one's place. A failed write raises, and
         the rotation is not made: the pipe must never wait for room."""
-        records.write(self.state, self.id, {**self.record, **fields})
-        self.record.update(fields)
+        rotated: Record = {**self.record, **fields}
+        records.write(self.state, self.id, rotated)
+        self.record.update(rotated)  # the same dict: the tell_on teller holds it too
 
-    def save(self, record: dict) -> None:
+    def save(self, record: Record) -> None:
         """Write the record; on a full disk, try again (each wait twice the
         last, up to FULL_RETRY_MOST) until there is room. We hold the lock
         meanwhile, so no sweep takes the command for lost."""
@@ -394,13 +402,13 @@ class Supervisor:
             time.sleep(pause)
             pause = min(2 * pause, FULL_RETRY_MOST)
 
-    def finish(self, state: str, exit_code: int | None, signal_number: int | None) -> int:
+    def finish(self, state: StateName, exit_code: int | None, signal_number: int | None) -> int:
         record = self.record
-        record.update(state=state, ended=records.now(), exit=exit_code,
-                      signal=signal_name(signal_number) if signal_number is not None else None)
+        record.update({"state": state, "ended": records.now(), "exit": exit_code,
+                       "signal": signal_name(signal_number) if signal_number is not None else None})
         if self.output is not None:
-            record.update(inode=self.output.inode, kept_from=self.output.kept_from, bytes=self.output.total,
-                          dropped=self.output.dropped)
+            record.update({"inode": self.output.inode, "kept_from": self.output.kept_from,
+                           "bytes": self.output.total, "dropped": self.output.dropped})
         if record.get("told") != Told.NO_WAY_IN:
             record["told"] = Told.UNTOLD
         try:

@@ -17,11 +17,17 @@ import time
 from .. import logger
 from ..state import filing, layout, records
 from ..messages import telling
+from ..messages.wayin import DeliveryOutcome  # the sweep tells: it loads the sender anyway
 from ..state.records import State, Told
 from .outfile import last_bytes, measure
 from ..config import split_flags, way_in_flags
 from ..errors import LinkRunError, UsageError
 from ..invocation import typed
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..messages.wayin import OutcomeName
+    from ..state.records import Record
 
 STOP_WAIT = 10.0
 
@@ -51,7 +57,7 @@ def main_sweep(argv: list[str]) -> int:
     return 1 if counts["failed"] else 0
 
 
-def sweep(state: str, override: telling.WayIn | None = None) -> dict:
+def sweep(state: str, override: telling.WayIn | None = None) -> dict[str, int]:
     """One pass over the state folder; returns counts, for tests and logs.
 
     A record that fails is named and the pass goes on to the next.
@@ -69,7 +75,7 @@ def sweep(state: str, override: telling.WayIn | None = None) -> dict:
     return counts
 
 
-def sweep_all(state: str, override: telling.WayIn | None, counts: dict) -> None:
+def sweep_all(state: str, override: telling.WayIn | None, counts: dict[str, int]) -> None:
     """The pass itself, under sweep.lock."""
     reachable = [True]  # one unreachable way in stops the telling for this run
     names = os.listdir(state)
@@ -85,7 +91,8 @@ def sweep_all(state: str, override: telling.WayIn | None, counts: dict) -> None:
 
 
 def sweep_record(state: str, command_id: str, override: telling.WayIn | None = None,
-                 reachable: list | None = None, counts: dict | None = None, names: list[str] | None = None) -> None:
+                 reachable: list[bool] | None = None, counts: dict[str, int] | None = None,
+                 names: list[str] | None = None) -> None:
     """Mend one record whose supervisor is gone; nothing when its lock is held."""
     counts = counts if counts is not None else {"ended": 0, "told": 0, "removed": 0, "set aside": 0, "failed": 0}
     reachable = reachable if reachable is not None else [True]
@@ -107,9 +114,9 @@ def sweep_record(state: str, command_id: str, override: telling.WayIn | None = N
             counts["ended"] += 1
         if record.get("told") in records.TO_TELL and reachable[0]:
             outcome = tell(state, record, override)
-            if outcome == Told.TOLD:
+            if outcome == DeliveryOutcome.TOLD:
                 counts["told"] += 1
-            elif outcome == "not reached":
+            elif outcome == DeliveryOutcome.NOT_REACHED:
                 reachable[0] = False
         if record.get("told") in records.SETTLED and expired(state, record):
             remove_files(state, record, names)
@@ -182,25 +189,25 @@ def _remove_if_free(lock_path: str) -> None:
         os.close(fd)
 
 
-def end_abandoned(state: str, record: dict) -> None:
+def end_abandoned(state: str, record: Record) -> None:
     """A record whose supervisor died: `starting` never ran, `running` was
     lost, with the bytes its output file holds."""
     if record["state"] == State.STARTING:
-        record.update(state=State.FAILED_TO_START, ended=records.now())
+        record.update({"state": State.FAILED_TO_START, "ended": records.now()})
     else:
         kill_if_own(record)
-        record.update(state=State.LOST, ended=last_sign_of_life(state, record))
+        record.update({"state": State.LOST, "ended": last_sign_of_life(state, record)})
     measured = measure(record)
     if measured is not None:
         inode, kept_from, size = measured
-        record.update(inode=inode, kept_from=kept_from, bytes=kept_from + size)
+        record.update({"inode": inode, "kept_from": kept_from, "bytes": kept_from + size})
     if record.get("told") != Told.NO_WAY_IN:
         record["told"] = Told.UNTOLD
     records.write(state, record["id"], record)
     log(f"{record['id']}: its supervisor is gone: {record['state']}")
 
 
-def kill_if_own(record: dict) -> None:
+def kill_if_own(record: Record) -> None:
     """Kill what is left of its sandbox only when it is surely its own: the
     same boot, and the recorded processes the same (a pid reused by a stranger
     is never signalled)."""
@@ -226,19 +233,19 @@ def kill_if_own(record: dict) -> None:
     end_cgroup(record)
 
 
-def end_cgroup(record: dict) -> None:
+def end_cgroup(record: Record) -> None:
     """Its cgroup, as a whole: whatever is left in it, and the group itself."""
-    if record.get("cgroup"):
+    if cgroup := record.get("cgroup"):
         from ..sandboxing.cgroups import Group
 
-        group = Group.of_record(record["cgroup"])
+        group = Group.of_record(cgroup)
         left = group.members()
         record["limit"] = group.limit_hit()
         removed = group.remove()
         log(f"{record['id']}: ended its cgroup ({len(left)} left in it){'' if removed else ', which stays busy'}")
 
 
-def last_sign_of_life(state: str, record: dict) -> float:
+def last_sign_of_life(state: str, record: Record) -> float:
     times = []
     for where in (layout.path(state, record["id"], layout.RECORD),
                   os.path.join(record["files"], layout.BACKGROUND, layout.output_name(record["id"]))):
@@ -249,22 +256,23 @@ def last_sign_of_life(state: str, record: dict) -> float:
     return min(max(times), records.now()) if times else records.now()
 
 
-def tell(state: str, record: dict, override: telling.WayIn | None) -> str:
+def tell(state: str, record: Record, override: telling.WayIn | None) -> OutcomeName:
     """A sweep's attempt, in its own ten-minute window."""
     now = records.now()
-    if record.get("sweep_first_try") is None or record["sweep_first_try"] > now:  # or dated by a clock ahead
-        record["sweep_first_try"] = now
+    first_try = record.get("sweep_first_try")
+    if first_try is None or first_try > now:  # or dated by a clock ahead
+        first_try = record["sweep_first_try"] = now
     way_in = override or telling.WayIn.of(record)
     delivery = telling.tell_once(state, record, way_in, lambda text: log(f"{record['id']}: {text}"), last_bytes)
-    if delivery.outcome == "not reached" and now - min(record["sweep_first_try"], now) >= telling.WINDOW:
+    if delivery.outcome == DeliveryOutcome.NOT_REACHED and now - min(first_try, now) >= telling.WINDOW:
         record["told"] = Told.GIVEN_UP
         records.write(state, record["id"], record)
         logger.warning(f"{record['id']}: the way in stayed unreachable for ten minutes of sweeps: given up")
-        return Told.GIVEN_UP
+        return DeliveryOutcome.GIVEN_UP
     return delivery.outcome
 
 
-def expired(state: str, record: dict) -> bool:
+def expired(state: str, record: Record) -> bool:
     """Whether a record is past its keep. An end dated in the future was
     written while the wall clock was ahead: the sweep that first sees it
     dates it now, in the record, and it is kept from then (the caller holds
@@ -274,12 +282,12 @@ def expired(state: str, record: dict) -> bool:
         return False
     now = records.now()
     if ended > now:
-        record["ended"] = now
+        ended = record["ended"] = now
         records.write(state, record["id"], record)
-    return record["ended"] + record.get("keep", 0) <= now
+    return ended + record.get("keep", 0) <= now
 
 
-def remove_files(state: str, record: dict, names: list[str] | None = None) -> None:
+def remove_files(state: str, record: Record, names: list[str] | None = None) -> None:
     """A record's files, its output, then its lock last (the caller holds it).
 
     `names` is the state folder's listing, when the caller has one.

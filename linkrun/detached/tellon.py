@@ -32,6 +32,7 @@ from ..messages.telling import BACKOFF_MAX, WayIn, take_wake
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..state.records import LinesBatch, Record
     from .outfile import OutputFile
     from ..messages.wayin import Delivery
 
@@ -40,9 +41,10 @@ class LineTeller:
     """The tell_on lines of one command; `record` is the supervisor's own dict, written here with
     records.write (a failed write is tried again at the next wake: the pump never waits for room)."""
 
-    def __init__(self, state: str, record: dict, wake_fd: int, log: Callable[[str], None]) -> None:
+    def __init__(self, state: str, record: Record, wake_fd: int, log: Callable[[str], None]) -> None:
         self.state, self.record, self.wake_fd, self.log = state, record, wake_fd, log
-        pattern = record["tell_on"]
+        pattern = record.get("tell_on")
+        assert pattern is not None  # the supervisor makes a teller only for a record with tell_on
         finder = LineFinder(compile_pattern(pattern, whole_lines=False), 0, required_literals(pattern),
                             starts_lines(pattern))
         self.scan = LineScan(finder, self._wake, log)
@@ -95,11 +97,13 @@ class LineTeller:
         self.sender.join()
         self.sender, delivery = None, self.delivery
         assert delivery is not None  # set by the sender before it ends
+        from ..messages.wayin import DeliveryOutcome  # loaded already: the sender sent through it
         batch = self.record["lines_batch"]
+        assert batch is not None  # sealed before it was sent, and settled only here
         told_lines.settle(self.record, delivery.outcome)
         self.log(f"telling lines message {batch['n']} at {self.way_in.address}: {delivery.outcome} "
                  f"({delivery.detail})")
-        if delivery.outcome == "not reached":
+        if delivery.outcome == DeliveryOutcome.NOT_REACHED:
             now = time.monotonic()
             self.floor = now + (delivery.retry_after or 0)
             self.next_try = now + min(max(self.delay, delivery.retry_after or 0), BACKOFF_MAX)
@@ -126,7 +130,7 @@ class LineTeller:
         told_at = self.record.get("lines_told_at")
         return float("inf") if told_at is None else records.now() - min(told_at, records.now())
 
-    def _send(self, batch: dict | None) -> None:
+    def _send(self, batch: LinesBatch | None) -> None:
         """The sealed message, recorded before it goes (a crash then sends it again, once)."""
         assert batch is not None  # pending lines seal into a message
         if not self._write():

@@ -14,6 +14,10 @@ from .reading import answer as read  # noqa: F401  (the tool layer finds every b
 from .reading import how_it_ended, read_tool
 from .results import ToolResult, nullable
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 __all__ = ["read", "tool_table", "start_answer", "list_answer", "stop_answer"]
 
 _ID = {"type": "string", "description": "The command's id, as start answered it."}
@@ -49,7 +53,7 @@ TELL_ON = {"tell_on": {"type": "string", "description": (
     "found meanwhile gathered into the next), such as 'listening on|ERROR'.")}}
 
 
-def tool_table(run_properties: dict, settings: Serve) -> dict[str, dict]:
+def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dict[str, Any]]:
     b = background_settings(settings)
     no_way_in = b.way_in is None
     told = ("use list, and read with wait, to learn how it ended (read with pattern and wait waits on a line)"
@@ -98,15 +102,15 @@ def start_answer(command_id: str, program: str, args: tuple[str, ...], settings:
     return ToolResult(text, {"id": command_id, "output": output})
 
 
-def list_answer(entries: list[dict]) -> ToolResult:
+def list_answer(entries: list[dict[str, Any]]) -> ToolResult:
     return ToolResult(list_text(entries), {"commands": entries})
 
 
-def stop_answer(entry: dict) -> ToolResult:
+def stop_answer(entry: dict[str, Any]) -> ToolResult:
     return ToolResult(list_text([entry]), entry)
 
 
-def list_text(entries: list[dict]) -> str:
+def list_text(entries: list[dict[str, Any]]) -> str:
     if not entries:
         return "No background command of this conversation's."
     lines = []

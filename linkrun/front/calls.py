@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from .. import logger
 from .protocol import Channel
@@ -41,7 +41,7 @@ def key_of(request_id: RequestId) -> Key:
     return (type(request_id).__name__, request_id)
 
 
-def progress_token(meta: dict) -> str | int | float | None:
+def progress_token(meta: dict[str, Any]) -> str | int | float | None:
     """A call's progress token, when it is one (a bool is not)."""
     token = meta.get("progressToken")
     if isinstance(token, bool) or not isinstance(token, (str, int, float)):

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..detached import outfile
 from ..detached.lines import SCAN_SECONDS, Found, LineRange, compile_pattern, parse_range, scan
 from ..errors import Refused
 from .kept import is_kept_id
 from .results import ToolResult
-from .waiting import END, MATCH, MAX_WAIT, Waited
+from .waiting import END, MATCH, Waited, wait_seconds
 
 if TYPE_CHECKING:
+    from ..state.records import Shown
     from ..detached.background import Background
     from .kept import Kept
 
 
-def find(arguments: dict, meta: dict, background: Background | None, kept: Kept | None,
+def find(arguments: dict[str, Any], meta: dict[str, Any], background: Background | None, kept: Kept | None,
          progress: Callable[[float, float], None] | None = None) -> ToolResult:
     """The lines found, or Refused (a bad range or pattern, an unknown id).
 
@@ -53,21 +54,17 @@ def find(arguments: dict, meta: dict, background: Background | None, kept: Kept 
         return _answer(look.record, look.kept_from, total, found, arguments)
 
 
-def _wait(arguments: dict) -> float:
+def _wait(arguments: dict[str, Any]) -> float:
     """The seconds to wait on a line: only with a pattern, and never with lines."""
-    wait = arguments.get("wait")
-    if wait is None or wait == 0:
-        return 0.0
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
-        raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT}")
-    if "lines" in arguments:
+    wait = wait_seconds(arguments)
+    if wait and "lines" in arguments:
         raise Refused("wait is taken with pattern alone, not with lines",
                       "to wait for a line, give pattern and wait; to read lines as they are now, leave wait out")
-    return float(wait)
+    return wait
 
 
 @contextlib.contextmanager
-def _look(item_id: object, meta: dict, background: Background | None, kept: Kept | None) -> Iterator[outfile.Look]:
+def _look(item_id: object, meta: dict[str, Any], background: Background | None, kept: Kept | None) -> Iterator[outfile.Look]:
     """The output's file, open, with where it starts: kept output by the id's form, else a background command's."""
     if kept is not None and (background is None or is_kept_id(item_id)):
         with kept.opened(item_id, meta) as look:
@@ -85,7 +82,7 @@ def _look(item_id: object, meta: dict, background: Background | None, kept: Kept
             raise Refused(UNKNOWN.format(id=item_id)) from None
 
 
-def _answer(record: dict, kept_from: int, total: int, found: Found, arguments: dict,
+def _answer(record: Shown, kept_from: int, total: int, found: Found, arguments: dict[str, Any],
             waited: Waited | None = None) -> ToolResult:
     shown = [f"{line.number} @{line.offset}: {line.data.decode('utf-8', errors='replace')}"
              + (f" [… {line.length - len(line.data)} more bytes of this line]" if line.length > len(line.data) else "")
@@ -109,7 +106,7 @@ def _answer(record: dict, kept_from: int, total: int, found: Found, arguments: d
     return ToolResult(header + ("\n" + body if body else ""), structured, header=True, notes=notes)
 
 
-def _waited_note(waited: Waited | None, record: dict) -> str:
+def _waited_note(waited: Waited | None, record: Shown) -> str:
     """Why a wait on a line returned, first among the notes."""
     if waited is None:
         return "kept output has ended: searched at once"
@@ -121,7 +118,7 @@ def _waited_note(waited: Waited | None, record: dict) -> str:
             f"offset={waited.found.next}")
 
 
-def _what(arguments: dict) -> str:
+def _what(arguments: dict[str, Any]) -> str:
     what = f"lines {arguments['lines']}" if "lines" in arguments else "lines"
     if str(arguments.get("lines", "")).startswith("-"):
         what = f"the last {arguments['lines'][1:]} lines"

@@ -38,12 +38,18 @@ from ..errors import Refused
 from ..processes.keeper import Keeper
 from ..processes.runner import Outcome
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Final
+
+    from ..state.records import KeptItem
+
 FOLDER = layout.KEPT
 STREAMS = ("output", "errors")
 ID = re.compile(r"[a-z2-7]{16}-(?:output|errors)")  # matched whole (fullmatch)
 URI_PREFIX = "linkrun://kept/"
 RESOURCE_MAX = 4 * 1024 * 1024  # a resources/read gives at most the last this many bytes
-STATE = "kept"  # a kept item's state, as read shows it
+STATE: Final = "kept"  # a kept item's state, as read shows it
 
 
 KEPT_SCHEMA = {f"{stream}_id": {"type": "string", "description": (
@@ -108,7 +114,7 @@ class Kept:
                                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             return self._fd
 
-    def owner(self, meta: dict) -> str | None:
+    def owner(self, meta: dict[str, Any]) -> str | None:
         """The call's conversation, or None when it has none (a harness with a way in that names none)."""
         from ..detached.background import conversation
 
@@ -119,7 +125,7 @@ class Kept:
 
     # -- keeping ---------------------------------------------------------------------
 
-    def begin(self, meta: dict) -> Keeping | None:
+    def begin(self, meta: dict[str, Any]) -> Keeping | None:
         """Keepers for a call of this conversation; None when nothing can be kept for it."""
         thread = self.owner(meta)
         if thread is None:
@@ -138,7 +144,7 @@ class Kept:
                    Keeper(folder, f"{call_id}-errors.out", self.settings.output))
         return Keeping(call_id, thread, keepers)
 
-    def settle_call(self, keeping: Keeping, outcome: Outcome, arguments: dict) -> KeptStreams:
+    def settle_call(self, keeping: Keeping, outcome: Outcome, arguments: dict[str, Any]) -> KeptStreams:
         """A call's kept streams → their ids; nothing is kept of a cancelled call (nor of one that
         failed: the runner removed its files)."""
         wanted = not outcome.cancelled
@@ -168,7 +174,7 @@ class Kept:
             self.prune()
         return ids
 
-    def _write_about(self, kept_id: str, about: dict) -> None:
+    def _write_about(self, kept_id: str, about: dict[str, Any]) -> None:
         """Written beside and renamed: whole or not at all (not synced: a cache, lost with a crash)."""
         folder = self.folder()
         temporary = f"{kept_id}.json.{os.urandom(4).hex()}.tmp"
@@ -223,12 +229,12 @@ class Kept:
 
     # -- reading -------------------------------------------------------------------------
 
-    def read(self, kept_id: object, meta: dict, offset: int | None, limit: int) -> ReadChunk:
+    def read(self, kept_id: object, meta: dict[str, Any], offset: int | None, limit: int) -> ReadChunk:
         """At most `limit` bytes of this conversation's item from `offset` (none: its last bytes)."""
         with self.opened(kept_id, meta) as look:
             return read_at(look, offset, limit)
 
-    def resource(self, uri: str, meta: dict) -> str | None:
+    def resource(self, uri: str, meta: dict[str, Any]) -> str | None:
         """A resource link's text (its last RESOURCE_MAX bytes); None when this conversation has no such item."""
         kept_id = uri[len(URI_PREFIX):] if uri.startswith(URI_PREFIX) else ""
         try:
@@ -238,7 +244,7 @@ class Kept:
             return None
 
     @contextlib.contextmanager
-    def opened(self, kept_id: object, meta: dict) -> Iterator[Look]:
+    def opened(self, kept_id: object, meta: dict[str, Any]) -> Iterator[Look]:
         """The item's Look (look), its file closed after."""
         look = self.look(kept_id, meta)
         try:
@@ -247,7 +253,7 @@ class Kept:
             if look.fd is not None:
                 os.close(look.fd)
 
-    def look(self, kept_id: object, meta: dict) -> Look:
+    def look(self, kept_id: object, meta: dict[str, Any]) -> Look:
         """The item's file, open, as a Look (the caller closes it); Refused as an unknown id when it is not
         this conversation's, expired, or of the wrong form (never touching the disk for the last)."""
         from ..detached.background import UNKNOWN
@@ -270,11 +276,11 @@ class Kept:
         except FileNotFoundError:
             raise unknown from None
         size = os.fstat(fd).st_size
-        record = {"id": kept_id, "state": STATE, "program": about.get("program"), "args": about.get("args")}
+        record: KeptItem = {"id": kept_id, "state": STATE, "program": about.get("program"), "args": about.get("args")}
         return Look(fd, size, record, int(about.get("kept_from") or 0))
 
 
-def _load(folder: int, name: str) -> dict | None:
+def _load(folder: int, name: str) -> dict[str, Any] | None:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
     except OSError:

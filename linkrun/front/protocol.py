@@ -17,6 +17,10 @@ import orjson
 
 from ..kernel import write_all
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 # A line longer than this is refused whole (a 10 MB `input` fits easily).
 MAX_LINE = 64 * 1024 * 1024
 READ_AHEAD = 1  # lines read from stdin ahead of the session (each may be 64 MB)
@@ -48,8 +52,8 @@ class Channel:
         self._incoming: deque[bytes | None] = deque()
         self._eof = False
         self._ready = threading.Condition()
-        self._queue: deque[list] = deque()  # [line, key] entries, in order
-        self._replaceable: dict[object, list] = {}  # key -> its entry, while unwritten
+        self._queue: deque[list[Any]] = deque()  # [line, key] entries, in order
+        self._replaceable: dict[object, list[Any]] = {}  # key -> its entry, while unwritten
         self._writing = False
         self._moved_at = time.monotonic()  # when bytes last went out
         self.closed = False  # stdout went away, or we stopped answering
@@ -157,6 +161,7 @@ class Channel:
                 self._ready.wait()
             if self.closed:
                 return None
+            line: bytes
             line, key = self._queue.popleft()
             if key is not None:
                 del self._replaceable[key]
@@ -205,12 +210,12 @@ def lone_surrogate(value: object, path: str = "") -> str | None:
     return None
 
 
-def error(request_id: object, code: int, message: str, data: object = None) -> dict:
+def error(request_id: object, code: int, message: str, data: object = None) -> dict[str, Any]:
     body: dict[str, object] = {"code": code, "message": message}
     if data is not None:
         body["data"] = data
     return {"jsonrpc": "2.0", "id": request_id, "error": body}
 
 
-def result(request_id: object, value: dict) -> dict:
+def result(request_id: object, value: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "result": value}

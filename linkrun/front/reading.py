@@ -8,23 +8,24 @@ has ended, so `wait` returns at once on it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outfile import ReadChunk
 from ..errors import Refused
 from .kept import Kept, is_kept_id
 from .results import ToolResult
-from .waiting import MAX_WAIT
+from .waiting import MAX_WAIT, wait_seconds
 
 if TYPE_CHECKING:
+    from ..state.records import Shown
     from ..config import Serve
     from ..detached.background import Background
     from .tools import CallContext
 
 
 
-def read_tool(background: bool, kept: bool) -> dict:
+def read_tool(background: bool, kept: bool) -> dict[str, Any]:
     """The read tool, for what this serve offers: background commands, kept output, or both."""
     what = []
     if background:
@@ -81,7 +82,7 @@ def read_tool(background: bool, kept: bool) -> dict:
 
 
 
-def offer_kept(settings: Serve, table: dict[str, dict]) -> Kept:
+def offer_kept(settings: Serve, table: dict[str, dict[str, Any]]) -> Kept:
     """The kept output of this serve's calls, and read in `table` for it, with or without background commands."""
     assert settings.keep is not None  # offered only then
     way_in = settings.background is not None and settings.background.way_in is not None
@@ -90,7 +91,7 @@ def offer_kept(settings: Serve, table: dict[str, dict]) -> Kept:
     return Kept(settings.keep, way_in, settings.timeout)
 
 
-def answer(arguments: dict, context: CallContext, settings: Serve, background: Background | None,
+def answer(arguments: dict[str, Any], context: CallContext, settings: Serve, background: Background | None,
            kept: Kept | None) -> ToolResult:
     """A read: of kept output when the id has its form, else of a background command."""
     offset = arguments.get("offset")
@@ -106,13 +107,11 @@ def answer(arguments: dict, context: CallContext, settings: Serve, background: B
 
         return find(arguments, context.meta, background, kept, report)
     if kept is not None and (background is None or is_kept_id(arguments.get("id"))):
-        wait = arguments.get("wait", 0)
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
-            raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT}")
+        wait_seconds(arguments)  # checked alike, though a kept output has ended: nothing to wait for
         chunk = kept.read(arguments.get("id"), context.meta, offset, settings.output)
         return read_answer(chunk, offset, kept.settings.output, None)
     assert background is not None  # read is offered with one of the two
-    chunk = background.read(arguments, context.meta, report)
+    chunk = background.read(arguments, context.meta, wait_seconds(arguments), report)
     return read_answer(chunk, offset, background.b.output, background.state)
 
 
@@ -120,8 +119,8 @@ LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "tasks": ", a fork re
                  "cpu": ", killed at its CPU time (SIGXCPU)"}
 
 
-def how_it_ended(record: dict) -> str:
-    """Its state, and once it ended its exit status or signal and the limit that bit:
+def how_it_ended(record: Shown | dict[str, Any]) -> str:
+    """Its state, and once it ended its exit status or signal and the limit that bit (of a record, or of list's entry):
     "exited (exit 137), killed at its memory limit"."""
     how = str(record["state"])
     if record.get("exit") is not None:
@@ -162,10 +161,11 @@ def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, cap: int, sta
     elif chunk.next == chunk.total and not chunk.data:
         notes.append("nothing new yet: read again with wait")
     record = chunk.record
-    if state is not None and record.get("proxy") and record.get("leader_pid"):
+    leader = record.get("leader_pid")
+    if state is not None and record.get("proxy") and leader:
         from ..calls.caller import refusals
 
-        refused = refusals(state, record["started"], record["leader_pid"])
+        refused = refusals(state, record["started"], leader)
         if refused:
             notes.append(refused)
     return notes
@@ -174,7 +174,7 @@ def _read_notes(chunk: ReadChunk, asked: int | None, dropped: int, cap: int, sta
 RESOURCE_NOT_FOUND = -32002  # the spec's code for resources/read of an unknown uri
 
 
-def resources(method: str, params: dict, meta: dict, kept: Kept) -> tuple[dict, tuple[int, str] | None]:
+def resources(method: str, params: dict[str, Any], meta: dict[str, Any], kept: Kept) -> tuple[dict[str, Any], tuple[int, str] | None]:
     """resources/list and templates/list (empty: a kept output is reached by its link alone, so that no
     listing shows another conversation's), and resources/read of a link; (value, (code, message) or None)."""
     if method == "resources/list":

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -135,14 +135,14 @@ class Session:
         if response is not None:
             self.channel.send(response)
 
-    def _batch(self, messages: list) -> None:
+    def _batch(self, messages: list[Any]) -> None:
         if self.legacy_version != "2025-03-26" or not messages:
             self.channel.send(error(None, INVALID_REQUEST, "a batch is not accepted at this protocol version; send one message a line"))
             return
 
         def answer_all() -> None:
             # Each call on a thread of its own, as when sent alone; the rest here, in turn.
-            responses: list[dict | None] = [None] * len(messages)
+            responses: list[dict[str, Any] | None] = [None] * len(messages)
 
             def answer(index: int) -> None:
                 responses[index] = self.handle(messages[index], inline=True)
@@ -164,7 +164,7 @@ class Session:
 
     # -- one message ------------------------------------------------------
 
-    def handle(self, message: object, inline: bool = False) -> dict | None:
+    def handle(self, message: object, inline: bool = False) -> dict[str, Any] | None:
         """The response to one message, or None (a notification, or answered by a thread)."""
         if not isinstance(message, dict):
             return error(None, INVALID_REQUEST, "a message must be a JSON object")
@@ -195,14 +195,14 @@ class Session:
             logger.error(f"internal error on {method}: {problem!r}")
             return error(request_id, INTERNAL_ERROR, f"internal error: {problem}")
 
-    def _notification(self, method: str, params: dict) -> None:
+    def _notification(self, method: str, params: dict[str, Any]) -> None:
         if method == "notifications/cancelled":
             request_id = params.get("requestId")
             if is_id(request_id):
                 self.calls.cancel(request_id)
         # Every other notification (initialized, roots changed, unknown ones) needs nothing.
 
-    def _request(self, request_id: RequestId, method: str, params: dict, inline: bool) -> dict | None:
+    def _request(self, request_id: RequestId, method: str, params: dict[str, Any], inline: bool) -> dict[str, Any] | None:
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else {}
         if not self._known(method):
@@ -227,7 +227,7 @@ class Session:
             version = self.legacy_version
 
         if method == "ping":
-            value: dict = {}
+            value: dict[str, Any] = {}
         elif method == "server/discover":
             value = {
                 "supportedVersions": list(MODERN_VERSIONS + LEGACY_VERSIONS[::-1]),
@@ -251,13 +251,13 @@ class Session:
             return self._call(request_id, params, version, modern, inline)
         return result(request_id, self._complete(value, modern))
 
-    def _complete(self, value: dict, modern: bool) -> dict:
+    def _complete(self, value: dict[str, Any], modern: bool) -> dict[str, Any]:
         if modern:
             value["resultType"] = "complete"
             value.setdefault("_meta", {})[SERVER_INFO_KEY] = SERVER_INFO
         return value
 
-    def _initialize(self, params: dict) -> dict:
+    def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         asked = params.get("protocolVersion")
         version = asked if asked in LEGACY_VERSIONS else LATEST_LEGACY
         self.legacy_version = version
@@ -276,7 +276,7 @@ class Session:
     def _known(self, method: str) -> bool:
         return method in KNOWN_METHODS or (method in RESOURCE_METHODS and self.keeps_output)
 
-    def _resources(self, request_id: RequestId, method: str, params: dict, meta: dict, modern: bool) -> dict:
+    def _resources(self, request_id: RequestId, method: str, params: dict[str, Any], meta: dict[str, Any], modern: bool) -> dict[str, Any]:
         from .reading import resources
 
         assert self.tools.kept is not None  # known only then
@@ -285,7 +285,7 @@ class Session:
             return error(request_id, *problem)
         return result(request_id, self._complete(value, modern))
 
-    def _capabilities(self, capabilities: dict) -> dict:
+    def _capabilities(self, capabilities: dict[str, Any]) -> dict[str, Any]:
         """With kept output, resources too: a call's answer links each kept stream, and resources/read serves it."""
         if self.keeps_output:
             capabilities["resources"] = {}
@@ -303,7 +303,7 @@ class Session:
 
     # -- tools/call ---------------------------------------------------------
 
-    def _call(self, request_id: RequestId, params: dict, version: str, modern: bool, inline: bool) -> dict | None:
+    def _call(self, request_id: RequestId, params: dict[str, Any], version: str, modern: bool, inline: bool) -> dict[str, Any] | None:
         try:
             name, arguments, meta = self._checked_call(params)
         except _BadParams as bad:
@@ -314,7 +314,7 @@ class Session:
         if not self.calls.add(call):
             return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
 
-        def work() -> dict | None:
+        def work() -> dict[str, Any] | None:
             response = None
             try:
                 progress = call.progress_sender(self.channel, version) if call.progress_token is not None else None
@@ -336,7 +336,7 @@ class Session:
         self.workers.run(answer)
         return None
 
-    def _checked_call(self, params: dict) -> tuple[str, dict, dict]:
+    def _checked_call(self, params: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """A tools/call's name, arguments (null is none) and _meta; _BadParams says what is wrong."""
         name = params.get("name")
         if not isinstance(name, str):
@@ -352,7 +352,7 @@ class Session:
         meta = params.get("_meta")
         return name, arguments, meta if isinstance(meta, dict) else {}
 
-    def _run_tool(self, name: str, arguments: dict, context: CallContext) -> ToolResult | None:
+    def _run_tool(self, name: str, arguments: dict[str, Any], context: CallContext) -> ToolResult | None:
         """The tool's outcome; a failure inside the server becomes one the agent reads."""
         try:
             return self.tools.call(name, arguments, context)
@@ -361,14 +361,14 @@ class Session:
             return ToolResult(f"The call failed inside the server: {problem}. Try again; "
                               "if it keeps failing, the server's log (stderr) says more.", is_error=True)
 
-    def _answer_call(self, call: Call, outcome: ToolResult | None, version: str, modern: bool) -> dict | None:
+    def _answer_call(self, call: Call, outcome: ToolResult | None, version: str, modern: bool) -> dict[str, Any] | None:
         """The call's answer, or None when it was cancelled (it gets none)."""
         if outcome is None or not call.may_answer():
             return None
         return result(call.id, self._complete(outcome.answer(version), modern))
 
 
-def _lone_surrogate_refused(message: object) -> dict | None:
+def _lone_surrogate_refused(message: object) -> dict[str, Any] | None:
     """The answer to a message holding a lone surrogate (a line orjson
     refused): never run, as no answer, record or log could write the text
     back; refused by its own id as invalid params, naming where it sits. A

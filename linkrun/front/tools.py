@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..calls.caller import Caller
 from ..processes import runner
@@ -102,7 +102,7 @@ class Tools:
         offer = offer if offer is not None else Offer(settings)  # what the instructions said: the same objects
         self.programs = offer.programs
         self.caller = Caller(settings, offer.setup)  # runs the calls: the tool layer only words them
-        self.table: dict[str, dict] = {}
+        self.table: dict[str, dict[str, Any]] = {}
         self.background: Background | None = None
         if settings.programs:
             self.table["command"] = self._command_tool()
@@ -132,7 +132,7 @@ class Tools:
 
     # -- listing ---------------------------------------------------------
 
-    def _command_tool(self) -> dict:
+    def _command_tool(self) -> dict[str, Any]:
         properties = dict(_RUN_PROPERTIES)
         properties["timeout"] = {
             "type": "number",

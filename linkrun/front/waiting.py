@@ -29,9 +29,18 @@ from ..detached.lines import BLOCK, SCAN_SECONDS, SCREEN, Found, Scanner, line_a
 from ..errors import Refused
 
 if TYPE_CHECKING:
+    from ..state.records import Shown
     from ..detached.background import Background
 
-MAX_WAIT = 30  # a read's longest wait: as background.MAX_WAIT, without loading it where no background command runs
+MAX_WAIT = 30  # a read's longest wait, of a background command's output or a kept one's
+
+
+def wait_seconds(arguments: dict[str, Any]) -> float:
+    """A read's `wait` argument, checked once for every read: 0 when left out."""
+    wait = arguments.get("wait", 0)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
+        raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT}")
+    return float(wait)
 
 MATCH, END, TIME = "match", "end", "time"  # why a wait on a line returned
 PROGRESS_EVERY = 0.25
@@ -41,7 +50,7 @@ PROGRESS_EVERY = 0.25
 class Waited:
     """What a wait on a line found: the lines (at most a screenful), why it returned, after how long."""
 
-    record: dict
+    record: Shown
     found: Found
     until: str  # MATCH, END or TIME
     seconds: float
@@ -59,7 +68,7 @@ class _Follower:
         self.inode = self.kept_from = 0
         self.pending: tuple[int, int, int] | None = None  # (fd, inode, kept_from) of the file that replaced ours
 
-    def refresh(self) -> dict:
+    def refresh(self) -> Shown:
         """The record, and the file it names taken up (or kept pending while ours is read to its end)."""
         with outfile.looked_at(self.folder, self.state, self.id) as look:
             if look.fd is None:
@@ -136,7 +145,7 @@ class _Search:
                 self.found.more += 1
 
 
-def wait_for_line(background: Background, record: dict, pattern: Any, offset: int | None, wait: float,
+def wait_for_line(background: Background, record: Shown, pattern: Any, offset: int | None, wait: float,
                   progress: Callable[[float, float], None] | None) -> Waited:
     """Lines matching `pattern` from `offset` (its line; none: the first kept), as soon as one is there,
     or the command's end, or `wait` seconds. The caller checked that the record is the conversation's."""
@@ -177,7 +186,7 @@ def wait_for_line(background: Background, record: dict, pattern: Any, offset: in
             follower.close()
 
 
-def _waited(record: dict, search: _Search | None, follower: _Follower, until: str, seconds: float) -> Waited:
+def _waited(record: Shown, search: _Search | None, follower: _Follower, until: str, seconds: float) -> Waited:
     kept_from = follower.kept_from
     total = kept_from + follower.size()
     if search is None:

@@ -58,7 +58,7 @@ _SEE_HELP = "see lnk-link-run way-in --help"
 
 # -- the flags ---------------------------------------------------------------
 
-def _parse_listen(argv: list[str]) -> dict:
+def _parse_listen(argv: list[str]) -> dict[str, Any]:
     if any(word in ("-h", "--help") for word in argv):
         return {"help": True}
     flags, rest = split_flags(argv, _VALUED, set(), set())
@@ -139,7 +139,7 @@ def main_listen(argv: list[str]) -> int:
     return 0
 
 
-def _make_server(options: dict) -> TcpServer:
+def _make_server(options: dict[str, Any]) -> TcpServer:
     kind, where, _ = options["address"]
     try:
         if kind == "unix":
@@ -156,7 +156,7 @@ class TcpServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, options: dict):
+    def __init__(self, options: dict[str, Any]):
         self.options = options
         self.stopping = threading.Event()
         self.print_lock = threading.Lock()
@@ -178,7 +178,7 @@ class TcpServer(ThreadingHTTPServer):
     def log(self, line: str) -> None:
         logger.info(line)
 
-    def deliver(self, agent: str, message: dict) -> bool:
+    def deliver(self, agent: str, message: dict[str, Any]) -> bool:
         """Prints a message the first time its `from` comes; False for a repeat."""
         with self.seen_lock:
             repeat = (agent, message["from"]) in self.seen
@@ -231,7 +231,7 @@ class WayInHandler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:  # our own lines instead, one a refusal
         pass
 
-    def answer(self, status: int, payload: dict, extra: dict | None = None) -> None:
+    def answer(self, status: int, payload: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -275,7 +275,7 @@ class WayInHandler(BaseHTTPRequestHandler):
         self.server.log(f"answered {status} (--status)")
         self.answer(status, {"status": status}, {"Retry-After": retry_after} if retry_after else None)
 
-    def _checked(self, data: bytes) -> tuple[str, dict]:
+    def _checked(self, data: bytes) -> tuple[str, dict[str, Any]]:
         """(agent, message) of a request that passes §4's checks; raises _Refusal."""
         path = self.server.options["address"][2]
         if self.path != path:

@@ -22,6 +22,9 @@ from ..state.records import Told
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..state.records import Record
+    from typing import Final
+
     from .wayin import Delivery
 
 # Ten minutes of trying, for the supervisor and again for the sweeps. The
@@ -37,18 +40,19 @@ class WayIn:
         self.address, self.agent, self.keyring = address, agent, keyring
 
     @classmethod
-    def of(cls, record: dict) -> WayIn:
+    def of(cls, record: Record) -> WayIn:
         return cls(record.get("way_in"), record.get("as"), record.get("keyring"))
 
 
 class _NoWayIn:
-    outcome, retry_after, detail = Told.GIVEN_UP, None, "no way in to tell"
+    outcome: Final = Told.GIVEN_UP
+    retry_after, detail = None, "no way in to tell"
 
 
-def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None],
-              last_bytes: Callable[[dict], bytes]) -> Delivery | _NoWayIn:
+def tell_once(state: str, record: Record, way_in: WayIn, log: Callable[[str], None],
+              last_bytes: Callable[[Record], bytes]) -> Delivery | _NoWayIn:
     """One attempt, the record's `told` written before and after; returns the
-    Delivery (its `outcome`: "told", "not reached" or "given up").
+    Delivery (its `outcome`: wayin.DeliveryOutcome).
     `last_bytes(record)` reads the end of the command's output for the
     message (outfile.last_bytes: the output file is the background room's).
 
@@ -63,15 +67,15 @@ def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None
         return _NoWayIn()
     if told_lines.pending(record):  # the lines a tell_on pattern matched, told before the end
         lines = told_lines.tell_batch(state, record, way_in, log)
-        if lines is not None and lines.outcome == "not reached":
+        if lines is not None and lines.outcome == wayin.DeliveryOutcome.NOT_REACHED:
             return lines
     record["told"] = Told.TELLING
     records.write(state, record["id"], record)
     text = told.told_text(record, last_bytes(record))
     delivery = wayin.send(way_in.address, way_in.agent, way_in.keyring or "", told.body(record, text))
-    if delivery.outcome == Told.TOLD:
-        record.update(told=Told.TOLD, told_at=records.now())
-    elif delivery.outcome == Told.GIVEN_UP:
+    if delivery.outcome == wayin.DeliveryOutcome.TOLD:
+        record.update({"told": Told.TOLD, "told_at": records.now()})
+    elif delivery.outcome == wayin.DeliveryOutcome.GIVEN_UP:
         record["told"] = Told.GIVEN_UP
     else:
         record["told"] = Told.UNTOLD
@@ -80,8 +84,8 @@ def tell_once(state: str, record: dict, way_in: WayIn, log: Callable[[str], None
     return delivery
 
 
-def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callable[[str], None],
-                         last_bytes: Callable[[dict], bytes], wake_fd: int | None = None,
+def tell_from_supervisor(state: str, command_id: str, record: Record, log: Callable[[str], None],
+                         last_bytes: Callable[[Record], bytes], wake_fd: int | None = None,
                          stopping: Callable[[], bool] = lambda: False,
                          poll_every: Callable[[], float | None] = lambda: None) -> None:
     """Step 9: tell, retrying with backoff (1, 2, 4 … 60 s, or the way in's
@@ -93,16 +97,18 @@ def tell_from_supervisor(state: str, command_id: str, record: dict, log: Callabl
     `wake_fd` is readable when a signal came or the state folder changed;
     `poll_every()` is how often to look for a wake file when nothing watches
     the folder (None while something does)."""
+    from . import wayin  # loaded by the first attempt, before it is read here
     way_in = WayIn.of(record)
     delay = 1.0
     try:
         while True:
-            if record.get("first_try") is None or record["first_try"] > records.now():  # or the clock went back
-                record["first_try"] = records.now()
+            first_try = record.get("first_try")
+            if first_try is None or first_try > records.now():  # or the clock went back
+                first_try = record["first_try"] = records.now()
             delivery = tell_once(state, record, way_in, log, last_bytes)
-            if delivery.outcome != "not reached":
+            if delivery.outcome != wayin.DeliveryOutcome.NOT_REACHED:
                 return
-            elapsed = records.now() - record["first_try"]
+            elapsed = records.now() - first_try
             if elapsed >= WINDOW or stopping():
                 log("the way in stayed unreachable: left untold for a sweep")
                 return

@@ -18,8 +18,12 @@ import re
 from ..state.records import State
 from ..units import elapsed, format_duration, killed_by_note, local_time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..state.records import Record
 
-def told_text(record: dict, last_bytes: bytes) -> str:
+
+def told_text(record: Record, last_bytes: bytes) -> str:
     """The message of §4 for an ended `record`.
 
     `last_bytes` are the last bytes of the command's output, read by the
@@ -67,14 +71,14 @@ def _nonce() -> str:
     return os.urandom(16).hex()
 
 
-def _ending(record: dict) -> str:
+def _ending(record: Record) -> str:
     limit = {"memory": "; it reached its memory limit, and the out-of-memory killer killed it",
              "tasks": "; it reached its task limit, and a fork or a new thread was refused",
              "cpu": "; it used up its CPU time, and the kernel killed it with SIGXCPU"}
     return _state_ending(record) + limit.get(record.get("limit") or "", "")
 
 
-def _state_ending(record: dict) -> str:
+def _state_ending(record: Record) -> str:
     state = record["state"]
     if state == State.EXITED:
         if record.get("signal"):
@@ -92,12 +96,9 @@ def _state_ending(record: dict) -> str:
     return f"ended {state}"
 
 
-def _seconds(record: dict) -> float:
-    if record.get("seconds") is not None:
-        return float(record["seconds"])
-    if record.get("ended") is not None and record.get("started") is not None:
-        return max(0.0, float(record["ended"]) - float(record["started"]))
-    return 0.0
+def _seconds(record: Record) -> float:
+    ended = record.get("ended")
+    return max(0.0, float(ended) - float(record["started"])) if ended is not None else 0.0
 
 
 _PLAIN_WORD = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
@@ -145,7 +146,7 @@ def _shown(data: bytes) -> tuple[str, bool]:
 
 # -- the body -----------------------------------------------------------------
 
-def body(record: dict, text: str) -> bytes:
+def body(record: Record, text: str) -> bytes:
     """The POST body of §4: compact JSON, UTF-8."""
     import json
 

@@ -28,8 +28,9 @@ from ..state import records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..state.records import LinesBatch, Record
     from .telling import WayIn
-    from .wayin import Delivery
+    from .wayin import Delivery, OutcomeName
 
 SHOWN = 50  # lines in one message at most; the rest are counted
 EVERY = 60.0  # seconds between two lines messages of one command, at least
@@ -43,14 +44,14 @@ def every() -> float:
         return EVERY
 
 
-def gather(record: dict, lines: list[tuple[int, bytes]], more: int = 0) -> bool:
+def gather(record: Record, lines: list[tuple[int, bytes]], more: int = 0) -> bool:
     """Lines found, into the record's gathered ones; whether the record changed in a way worth writing
     now (a line to show: the count of the rest is written with the next write)."""
     gathered = record.setdefault("lines_gathered", [])
     shown = False
     for offset, data in lines:
         if len(gathered) < SHOWN:
-            gathered.append([offset, data.decode("utf-8", "backslashreplace")])
+            gathered.append((offset, data.decode("utf-8", "backslashreplace")))  # a JSON pair on disk
             shown = True
         else:
             more += 1
@@ -58,12 +59,12 @@ def gather(record: dict, lines: list[tuple[int, bytes]], more: int = 0) -> bool:
     return shown
 
 
-def pending(record: dict) -> bool:
+def pending(record: Record) -> bool:
     """Lines gathered or a message sealed, not told yet."""
     return bool(record.get("lines_batch") or record.get("lines_gathered") or record.get("lines_more"))
 
 
-def seal(record: dict) -> dict | None:
+def seal(record: Record) -> LinesBatch | None:
     """The message to send: the sealed one, else the gathered lines sealed now (None: nothing to tell).
     The caller writes the record before sending it."""
     if record.get("lines_batch"):
@@ -71,24 +72,26 @@ def seal(record: dict) -> dict | None:
     if not record.get("lines_gathered") and not record.get("lines_more"):
         return None
     total = record.get("bytes") or 0
-    batch = {"n": (record.get("lines_sent") or 0) + 1, "lines": record.get("lines_gathered") or [],
+    batch: LinesBatch = {"n": (record.get("lines_sent") or 0) + 1, "lines": record.get("lines_gathered") or [],
              "more": record.get("lines_more") or 0, "state": record["state"], "bytes": total,
              "seconds": round(max(0.0, records.now() - record["started"]), 3)}
-    record.update(lines_batch=batch, lines_gathered=[], lines_more=0)
+    record.update({"lines_batch": batch, "lines_gathered": [], "lines_more": 0})
     return batch
 
 
-def settle(record: dict, outcome: str) -> None:
+def settle(record: Record, outcome: OutcomeName) -> None:
     """After an attempt: told or given up, the batch is done; not reached, it stays to be sent again."""
-    if outcome == "not reached":
+    from .wayin import DeliveryOutcome  # loaded already: the outcome came through it
+
+    if outcome == DeliveryOutcome.NOT_REACHED:
         return
     record["lines_sent"] = (record.get("lines_sent") or 0) + 1
     record["lines_batch"] = None
-    if outcome == "told":
+    if outcome == DeliveryOutcome.TOLD:
         record["lines_told_at"] = records.now()
 
 
-def text(record: dict, batch: dict) -> str:
+def text(record: Record, batch: LinesBatch) -> str:
     """The message: what the command is, then the lines between markers whose nonce it cannot know."""
     from .told import _nonce, _quoted, _shown
     from ..units import local_time
@@ -112,7 +115,7 @@ def text(record: dict, batch: dict) -> str:
             f"{rest}read more with read id={id_} pattern=… offset={first_offset}")
 
 
-def body(record: dict, batch: dict, message: str) -> bytes:
+def body(record: Record, batch: LinesBatch, message: str) -> bytes:
     """§4's body, from `run:<id>:lines:<n>`, with `kind` "lines" and the lines as values."""
     import json
 
@@ -124,7 +127,7 @@ def body(record: dict, batch: dict, message: str) -> bytes:
     }, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def tell_batch(state: str, record: dict, way_in: WayIn, log: Callable[[str], None]) -> Delivery | None:
+def tell_batch(state: str, record: Record, way_in: WayIn, log: Callable[[str], None]) -> Delivery | None:
     """The pending lines, sealed if need be, told in one attempt each until none is left or one is not
     reached; the record written before each send and after it. None: nothing was pending. The caller
     holds the record's lock."""
@@ -138,6 +141,6 @@ def tell_batch(state: str, record: dict, way_in: WayIn, log: Callable[[str], Non
         settle(record, delivery.outcome)
         records.write(state, record["id"], record)
         log(f"telling lines message {batch['n']} at {way_in.address}: {delivery.outcome} ({delivery.detail})")
-        if delivery.outcome == "not reached":
+        if delivery.outcome == wayin.DeliveryOutcome.NOT_REACHED:
             break
     return delivery

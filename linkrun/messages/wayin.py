@@ -19,6 +19,12 @@ from collections.abc import Callable
 from ..address import AGENT_ID, parse_address
 from ..errors import LinkRunError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Final, Literal
+
+    OutcomeName = Literal["told", "not reached", "given up"]
+
 # Module constants so that a test may lower them (§4: connect 2 s, whole request 10 s).
 CONNECT_TIMEOUT = 2.0
 REQUEST_TIMEOUT = 10.0
@@ -90,14 +96,22 @@ def read_key(keyring: str, agent: str) -> bytes:
 
 # -- sending -----------------------------------------------------------------
 
+class DeliveryOutcome:
+    """A delivery's outcome. Told and given up are written as the record's
+    `told` (records.Told) as they are; not reached is tried again."""
+
+    TOLD: Final = "told"
+    NOT_REACHED: Final = "not reached"  # try again later
+    GIVEN_UP: Final = "given up"  # final
+
+
 class Delivery:
-    """The outcome of `send`: "told", "not reached" (try again later, after
-    `retry_after` seconds when the way in said so) or "given up" (final);
-    `detail` is one line for the log."""
+    """The outcome of `send` (DeliveryOutcome), with `retry_after` seconds when a way
+    in not reached said when to try again; `detail` is one line for the log."""
 
     __slots__ = ("outcome", "retry_after", "detail")
 
-    def __init__(self, outcome: str, retry_after: float | None = None, detail: str = ""):
+    def __init__(self, outcome: OutcomeName, retry_after: float | None = None, detail: str = ""):
         self.outcome = outcome
         self.retry_after = retry_after
         self.detail = detail
@@ -121,36 +135,36 @@ def send(way_in: str, agent: str, keyring: str, body: bytes, now: Callable[[], f
     try:
         address = parse_address(way_in)
     except LinkRunError as error:
-        return Delivery("given up", None, str(error))
+        return Delivery(DeliveryOutcome.GIVEN_UP, None, str(error))
     if not AGENT_ID.fullmatch(agent):
-        return Delivery("given up", None, f"the agent id {agent!r} is not of the form [A-Za-z0-9._-]+")
+        return Delivery(DeliveryOutcome.GIVEN_UP, None, f"the agent id {agent!r} is not of the form [A-Za-z0-9._-]+")
     if not os.path.isabs(keyring):
         # A detached supervisor's working folder is no one's choice: a relative keyring is a bug.
-        return Delivery("given up", None, f"the keyring {keyring!r} is not an absolute path; give the record an absolute keyring")
+        return Delivery(DeliveryOutcome.GIVEN_UP, None, f"the keyring {keyring!r} is not an absolute path; give the record an absolute keyring")
     for attempt in (1, 2):
         try:
             key = read_key(keyring, agent)
         except LinkRunError as error:
-            return Delivery("given up", None, str(error))
+            return Delivery(DeliveryOutcome.GIVEN_UP, None, str(error))
         date = str(int(now()))
         try:
             status, reason, retry_after, said = _post(address, agent, date, signature(key, agent, date, body), body)
         except _Unreached as error:
-            return Delivery("not reached", None, f"{error} ({way_in})")
+            return Delivery(DeliveryOutcome.NOT_REACHED, None, f"{error} ({way_in})")
         detail = f"{status} {reason}".strip() + (f": {said}" if said else "") + f" ({way_in})"
         if 200 <= status < 300:
-            return Delivery("told", None, detail)
+            return Delivery(DeliveryOutcome.TOLD, None, detail)
         if status in (408, 429) or 500 <= status < 600:
-            return Delivery("not reached", retry_after if status in (429, 503) else None, detail)
+            return Delivery(DeliveryOutcome.NOT_REACHED, retry_after if status in (429, 503) else None, detail)
         if status == 401 and attempt == 1:
             continue
         if status == 401:
             detail = "refused twice, " + detail + "; check that the way in holds this agent's key and that the clocks agree"
-        return Delivery("given up", None, detail)
+        return Delivery(DeliveryOutcome.GIVEN_UP, None, detail)
     raise AssertionError("unreachable")
 
 
-def _post(address: tuple, agent: str, date: str, sign: str,
+def _post(address: tuple[str, Any, str], agent: str, date: str, sign: str,
           body: bytes) -> tuple[int, str, float | None, str]:
     """One POST with a deadline over the whole request → (status, reason,
     retry_after, first line of an error answer). Raises _Unreached.

@@ -133,7 +133,7 @@ class Hands:
 
     def in_place(self) -> bool:
         """Whether this process may join a network from where it is (rejoining its own tells)."""
-        return libc.setns(self.home, CLONE_NEWNET) == 0
+        return bool(libc.setns(self.home, CLONE_NEWNET) == 0)
 
 
 def _tell(caller: socket.socket, answer: bytes) -> None:

@@ -172,7 +172,8 @@ def _answers(path: str) -> int | None:
     try:
         probe.connect(short_path(folder, os.path.basename(path)))
         credentials = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", credentials)[0]
+        pid: int = struct.unpack("3i", credentials)[0]
+        return pid
     except OSError:
         return None
     finally:

@@ -64,7 +64,7 @@ class Leader:
     leader is reaped; the removal kills what is left.
     """
 
-    def __init__(self, process: subprocess.Popen) -> None:  # not reaped before close()
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:  # not reaped before close()
         self.process = process
         self.pgid = process.pid
         self.pidfd: int | None = os.pidfd_open(process.pid)

@@ -10,6 +10,7 @@ import os
 from ..errors import Refused
 
 FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MISSING = "does not exist"  # a NotBeneath's `why` when the part is not there
 
 
 class NotBeneath(Refused):
@@ -44,7 +45,7 @@ def open_folder(dir_fd: int, folder: str) -> int:
 
 def _why(parent_fd: int, part: str, error: OSError) -> str:
     if error.errno == errno.ENOENT:
-        return "does not exist"
+        return MISSING
     try:
         if os.path.islink(f"/proc/self/fd/{parent_fd}/{part}"):
             return "is a link"

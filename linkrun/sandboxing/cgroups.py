@@ -40,6 +40,10 @@ from dataclasses import dataclass
 from ..config import CONTROLLERS, Limits
 from ..kernel import read_small
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..state.records import CgroupRecord
+
 LEAF = "lnk-serve"  # v2: where serve moves itself so that its group may have children with controllers
 CPU_PERIOD = 100_000  # microseconds
 _counter = itertools.count(1)
@@ -209,11 +213,11 @@ class Group:
         """The files the call writes its pid to, to join."""
         return [os.path.join(folder, "cgroup.procs") for folder in self.folders]
 
-    def as_record(self) -> dict:
+    def as_record(self) -> CgroupRecord:
         return {"version": self.version, "folders": list(self.folders)}
 
     @classmethod
-    def of_record(cls, value: dict) -> Group:
+    def of_record(cls, value: CgroupRecord) -> Group:
         return cls(int(value["version"]), tuple(value["folders"]), Limits())
 
     def limit_hit(self) -> str | None:

@@ -36,9 +36,9 @@ from typing import Any
 from dataclasses import dataclass, field
 
 from . import gitconfig
+from .beneath import FLAGS, MISSING, NotBeneath, open_folder
 from .gitfind import lstat as _lstat, repositories as _repositories
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 RACY = 100_000_000  # ns: a file changed this close before the look is compared by content (coarse clocks)
 READ_LIMIT = 1 << 20  # a config or racy hook longer than this is checked as changed
 MODULE_DEPTH = 4  # submodules within submodules, followed this deep
@@ -51,7 +51,7 @@ CONFIG, HOOK, HOOKS, POINTER, ASIDE, COMMONDIR = "config", "hook", "hooks", "poi
 @dataclass
 class Noted:
     kind: str
-    ident: tuple
+    ident: tuple[int, ...]
     text: bytes | None = None  # a config's, or a racy file's
 
 
@@ -63,7 +63,7 @@ class GitLook:
     write: tuple[str, ...]
     taken: int = field(default_factory=time.time_ns)
     noted: dict[str, Noted] = field(default_factory=dict)  # path relative to the files folder -> what it was
-    clean: dict[str, tuple] = field(default_factory=dict)  # path -> identity a check of this run found clean
+    clean: dict[str, tuple[int, ...]] = field(default_factory=dict)  # path -> identity a check of this run found clean
 
     def check(self, files_fd: int) -> list[str]:
         """Step 3: look again, and set aside what changed; what was done, one line each."""
@@ -86,6 +86,9 @@ class GitLook:
             except OSError as error:  # gone meanwhile: nothing left to obey; any other failure is said
                 if not isinstance(error, FileNotFoundError):
                     done.append(f"{path}: could not be checked ({error.strerror})")
+            except NotBeneath as refused:  # its folder: the same
+                if refused.why != MISSING:
+                    done.append(f"{path}: could not be checked (its folder {refused.part!r} {refused.why})")
         return done
 
 
@@ -136,8 +139,8 @@ def look(files_fd: int, files_path: str, write: Sequence[str]) -> GitLook:
     seen_git: set[str] = set()
     for rel in sorted(set(write)):
         try:
-            write_fd = _open_path(files_fd, rel)
-        except OSError:
+            write_fd = open_folder(files_fd, rel)
+        except (OSError, NotBeneath):
             continue  # missing, or not a folder: percall refuses or makes it
         try:
             for path, kind, at in _repositories(write_fd, rel):
@@ -156,8 +159,8 @@ def _note_repository(files_fd: int, at: tuple[int, str], path: str, kind: str, r
     if kind in ("link", "pointer"):
         folder, _, name = at[1].rpartition("/")
         try:  # `b/.git`: `b` opened on its own, following no link
-            folder_fd = _open_path(at[0], folder) if folder else at[0]
-        except OSError:
+            folder_fd = open_folder(at[0], folder) if folder else at[0]
+        except (OSError, NotBeneath):
             return
         try:
             _note_at(folder_fd, name, path, ASIDE if kind == "link" else POINTER, result)
@@ -178,8 +181,8 @@ def _note_git_folder(files_fd: int, path: str, result: GitLook, seen_git: set[st
         return
     seen_git.add(path)
     try:
-        git_fd = _open_path(files_fd if at is None else at[0], path if at is None else at[1])
-    except OSError:
+        git_fd = open_folder(files_fd if at is None else at[0], path if at is None else at[1])
+    except (OSError, NotBeneath):
         return
     try:
         for name, kind in (("config", CONFIG), ("config.worktree", CONFIG), ("commondir", COMMONDIR)):
@@ -206,8 +209,8 @@ def _note_git_folder(files_fd: int, path: str, result: GitLook, seen_git: set[st
 def _note_hook_folder(files_fd: int, rel: str, result: GitLook) -> None:
     parent, _, name = rel.rpartition("/")
     try:
-        parent_fd = _open_path(files_fd, parent)
-    except OSError:
+        parent_fd = open_folder(files_fd, parent)
+    except (OSError, NotBeneath):
         return
     try:
         folder = _note_at(parent_fd, name, rel, HOOKS, result)
@@ -219,7 +222,7 @@ def _note_hook_folder(files_fd: int, rel: str, result: GitLook) -> None:
 
 def _note_hooks(dir_fd: int, name: str, path: str, result: GitLook) -> None:
     try:
-        hooks_fd = os.open(name, _DIR, dir_fd=dir_fd)
+        hooks_fd = os.open(name, FLAGS, dir_fd=dir_fd)
     except OSError:
         return
     try:
@@ -252,13 +255,13 @@ def _note_at(dir_fd: int, name: str, path: str, kind: str, result: GitLook) -> o
 
 # A config's text by its path and identity, from an earlier look of this
 # process (serve looks at every call): one not changed since is not read again.
-_TEXTS: dict[tuple[str, tuple], bytes] = {}
+_TEXTS: dict[tuple[str, tuple[int, ...]], bytes] = {}
 TEXTS_KEPT = 20_000
 
 
 def _subfolders(dir_fd: int, name: str) -> list[str]:
     try:
-        sub_fd = os.open(name, _DIR, dir_fd=dir_fd)
+        sub_fd = os.open(name, FLAGS, dir_fd=dir_fd)
     except OSError:
         return []
     try:
@@ -318,8 +321,8 @@ def _within(files_fd: int, files_path: str, base: str, target: str, write: Seque
         else:
             kept.append(name)
             try:  # a folder, reached through no link
-                os.close(_open_path(files_fd, "/".join(kept)))
-            except OSError:
+                os.close(open_folder(files_fd, "/".join(kept)))
+            except (OSError, NotBeneath):
                 return None
     rel = "/".join(kept)
     return rel if any(rel.startswith(w + "/") for w in write) else None
@@ -345,8 +348,8 @@ _HOOKS_PATHS: dict[bytes, str | None] = {}  # a config's text -> its hooksPath, 
 def _read_at(files_fd: int, path: str) -> bytes | None:
     parent, _, name = path.rpartition("/")
     try:
-        parent_fd = _open_path(files_fd, parent)
-    except OSError:
+        parent_fd = open_folder(files_fd, parent)
+    except (OSError, NotBeneath):
         return None
     try:
         return _read(parent_fd, name)
@@ -375,27 +378,11 @@ def _read(dir_fd: int, name: str) -> bytes | None:
         os.close(fd)
 
 
-def _open_path(files_fd: int, rel: str) -> int:
-    """A folder below the files folder, opened one component at a time, following no link."""
-    fd = files_fd
-    try:
-        for name in rel.split("/"):
-            next_fd = os.open(name, _DIR, dir_fd=fd)
-            if fd != files_fd:
-                os.close(fd)
-            fd = next_fd
-        return fd
-    except BaseException:
-        if fd != files_fd:
-            os.close(fd)
-        raise
-
-
 # Step 3: setting aside.
 
 def _neutralise(files_fd: int, first: GitLook, path: str, after: Noted, before: Noted | None) -> list[str]:
     parent, _, name = path.rpartition("/")
-    parent_fd = _open_path(files_fd, parent)
+    parent_fd = open_folder(files_fd, parent)
     try:
         kind, mode = after.kind, after.ident[0]
         if kind == CONFIG:

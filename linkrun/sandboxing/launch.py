@@ -151,7 +151,7 @@ class Launch:
     git_notes: list[str] = field(default_factory=list)  # what that check set aside
 
     @functools.cached_property
-    def key(self) -> tuple:
+    def key(self) -> tuple[object, ...]:
         """What the sandbox shows, by identity (`shown`): equal keys, equal
         sandboxes but for the folder. Read before the spawn, while the
         launch's descriptors are open; only a caller that compares pays it."""
@@ -220,7 +220,7 @@ class Launch:
             os.close(self.block_w)  # bwrap reads end of file, and runs the program (or finds it killed)
             self.block_w = None
 
-    def spawning(self) -> contextlib.AbstractContextManager:
+    def spawning(self) -> contextlib.AbstractContextManager[None]:
         """Around the spawn: the spawning thread joins a new, empty session
         keyring, which the sandbox inherits in place of the caller's
         (`own_keyring`); in cgroup v1, the thread is in the group meanwhile, so the child is
@@ -365,7 +365,7 @@ _BY_FD = {"--bind-fd", "--ro-bind-fd", "--seccomp"}
 BINDS_BY_PATH = {"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"}
 
 
-def shown(args: Sequence[str]) -> tuple:
+def shown(args: Sequence[str]) -> tuple[object, ...]:
     """What a sandbox argv shows, for telling two launches apart: the argv
     with each bound folder or file named by its identity (and the filter by
     its size and time too: bwrap reads it), a descriptor's number dropped.

@@ -61,7 +61,7 @@ def probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: Sequenc
 class Probe:
     """A probe under way: `up` starts it, does other work, then checks it."""
 
-    def __init__(self, process: subprocess.Popen, folder: agent_folder.AgentFolder, filtered: bool):
+    def __init__(self, process: subprocess.Popen[str], folder: agent_folder.AgentFolder, filtered: bool):
         self.process, self.folder, self.filtered = process, folder, filtered
 
     def check(self) -> None:

@@ -28,13 +28,17 @@ from ..errors import LinkRunError, UsageError
 from .hostfacts import ROOT_FOLDERS, SYSTEM_PATH, Host, bwrap_has, entries, hard_limit, hidden_keys, memory_total, nproc_limit
 from .programs import which
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 # What every sandbox has of its own: a program's folder may lie below one, never be or hold one.
 SANDBOX_OWN = ("/tmp", "/var/tmp", "/dev", "/proc", "/run/lnk")
 RESERVED = ("chats", "background")  # of the files folder: never writable
 
 
 @functools.cache
-def defaults() -> dict:
+def defaults() -> dict[str, Any]:
     """The embedded defaults (defaults.toml in the package's folder)."""
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "defaults.toml"), "rb") as f:
         return tomllib.load(f)
@@ -58,7 +62,7 @@ class SandboxFile:
 _KEYS = {"commands": {"allow"}, "files": {"write"}, "internet": {"hosts"}, "limits": {"tmp", "file", "memory", "tasks", "cpu"}}
 
 
-def parse(data: Mapping, source: str) -> SandboxFile:
+def parse(data: Mapping[str, Any], source: str) -> SandboxFile:
     """A parsed TOML table → SandboxFile. A section left out takes the
     embedded default (so a file with only `[files]` keeps the default
     commands); an unknown section or key is refused, as a typo would

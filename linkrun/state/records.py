@@ -5,7 +5,11 @@ A record is written whole or not at all (filing.write_whole): beside,
 fdatasync, renamed, the folder synced.
 
 Imported by serve, the supervisor, the sweep and the told message: stdlib
-only at import (orjson when a record is read or written), and no `typing`.
+only at import (orjson when a record is read or written), and no `typing`:
+the record's type (`Record`, a TypedDict) and its states' (`StateName`,
+`ToldName`, Literals) are the type checker's alone, so a record stays the
+dict orjson gives and writes, and a key it does not know (a newer or older
+format's) is kept when it is written again.
 """
 
 from __future__ import annotations
@@ -23,37 +27,111 @@ from .layout import BAD, LOCK, RECORD, STOP, path
 VERSION = 1
 ID = re.compile(r"[a-z2-7]{16}")  # matched whole (fullmatch)
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final, Literal, NotRequired, TypedDict
+
+    # Each name once here, each as a constant of State or Told below: mypy checks
+    # every constant against these (RUNNING_STATES … SETTLED), test_record.py
+    # that every name has one.
+    StateName = Literal["starting", "running", "exited", "stopped", "timed out", "lost", "failed to start"]
+    ToldName = Literal["untold", "telling", "told", "given up", "no way in"]
+
+    class CgroupRecord(TypedDict):
+        """The command's cgroup (sandboxing/cgroups.py: Group.as_record)."""
+
+        version: int
+        folders: list[str]
+
+    class Rotated(TypedDict, total=False):
+        """What a rotation of the output file writes into the record (detached/outfile.py)."""
+
+        inode: int | None  # as the record's (an update's types must be the same)
+        kept_from: int
+        prev_inode: int | None
+        prev_kept_from: int
+        dropped: int
+
+    class LinesBatch(TypedDict):
+        """A tell_on message, sealed before it is sent (messages/told_lines.py)."""
+
+        n: int  # its number, from 1
+        lines: list[tuple[int, str]]  # [offset, text] each (a JSON pair)
+        more: int  # matching lines found past those shown
+        state: StateName
+        bytes: int
+        seconds: float
+
+    # The record, every field of the format (new_record says what each is).
+    # "as" is a keyword, hence the call form. NotRequired: absent from a
+    # record an older serve wrote, or written only once it happens.
+    Record = TypedDict("Record", {
+        "v": int, "id": str, "argv": list[str], "write": list[str], "proxy": str | None,
+        "seccomp": NotRequired[str | None], "files": str, "folder": str, "program": str,
+        "args": list[str], "program_argv": list[str], "started": float, "timeout": float, "output": int,
+        "background_output": int, "keep": float, "way_in": str | None, "as": str | None,
+        "keyring": str | None, "thread": str, "hops": int, "state": StateName,
+        "group": int | None, "leader_pid": int | None, "leader_start": int | None, "boot_id": str | None,
+        "init_pid": NotRequired[int | None], "init_start": NotRequired[int | None],
+        "limits": NotRequired[dict[str, int | None] | None], "cgroup": NotRequired[CgroupRecord | None],
+        "limit": NotRequired[str | None], "inode": int | None, "kept_from": int, "bytes": int,
+        "prev_inode": NotRequired[int | None], "prev_kept_from": NotRequired[int], "dropped": NotRequired[int],
+        "ended": float | None, "exit": int | None, "signal": str | None, "told": ToldName,
+        "first_try": float | None, "sweep_first_try": float | None, "told_at": float | None,
+        "tell_on": NotRequired[str | None], "lines_gathered": NotRequired[list[tuple[int, str]]],
+        "lines_more": NotRequired[int], "lines_batch": NotRequired[LinesBatch | None],
+        "lines_sent": NotRequired[int], "lines_told_at": NotRequired[float | None],
+    })
+
+    class KeptItem(TypedDict):
+        """What read and find show of a kept output (front/kept.py) in a record's
+        place: the fields a reader asks a record for are never there."""
+
+        id: str
+        state: Literal["kept"]
+        program: str | None
+        args: list[str] | None
+        started: NotRequired[float]
+        exit: NotRequired[None]
+        signal: NotRequired[None]
+        limit: NotRequired[None]
+        dropped: NotRequired[int]
+        proxy: NotRequired[None]
+        leader_pid: NotRequired[None]
+
+    Shown = Record | KeptItem  # a background command's record, or a kept output's stand-in
+
 
 class State:
     """A record's `state`: starting, then running, then one of the ends."""
 
-    STARTING = "starting"  # written by start; the supervisor has not begun the program
-    RUNNING = "running"  # the program runs (the supervisor wrote its group)
-    EXITED = "exited"  # it exited of itself, or was killed by a signal not ours
-    STOPPED = "stopped"  # `stop` asked (the reason is in the told text)
-    TIMED_OUT = "timed out"  # --background-timeout passed
-    LOST = "lost"  # its supervisor died, or the agent stopped: it ended unobserved
-    FAILED_TO_START = "failed to start"  # never ran
+    STARTING: Final = "starting"  # written by start; the supervisor has not begun the program
+    RUNNING: Final = "running"  # the program runs (the supervisor wrote its group)
+    EXITED: Final = "exited"  # it exited of itself, or was killed by a signal not ours
+    STOPPED: Final = "stopped"  # `stop` asked (the reason is in the told text)
+    TIMED_OUT: Final = "timed out"  # --background-timeout passed
+    LOST: Final = "lost"  # its supervisor died, or the agent stopped: it ended unobserved
+    FAILED_TO_START: Final = "failed to start"  # never ran
 
 
 class Told:
     """A record's `told`: whether the conversation has heard of its end."""
 
-    UNTOLD = "untold"  # to be told (by its supervisor, else a sweep)
-    TELLING = "telling"  # a delivery is under way (a crash mid-way leaves it: tried again)
-    TOLD = "told"  # delivered (or the tool error said it: a failed spawn)
-    GIVEN_UP = "given up"  # the way in refused it, or stayed unreachable for the window
-    NO_WAY_IN = "no way in"  # serve has no way in: nobody is ever told
+    UNTOLD: Final = "untold"  # to be told (by its supervisor, else a sweep)
+    TELLING: Final = "telling"  # a delivery is under way (a crash mid-way leaves it: tried again)
+    TOLD: Final = "told"  # delivered (or the tool error said it: a failed spawn)
+    GIVEN_UP: Final = "given up"  # the way in refused it, or stayed unreachable for the window
+    NO_WAY_IN: Final = "no way in"  # serve has no way in: nobody is ever told
 
 
 # A stop file's reason that ends the command lost, not stopped: the agent (or
 # its service) stopping, told when the agent is back.
 AGENT_STOPPING = "agent stopping"
 
-RUNNING_STATES = (State.STARTING, State.RUNNING)
-ENDED_STATES = (State.EXITED, State.STOPPED, State.TIMED_OUT, State.LOST, State.FAILED_TO_START)
-TO_TELL = (Told.UNTOLD, Told.TELLING)
-SETTLED = (Told.TOLD, Told.GIVEN_UP, Told.NO_WAY_IN)  # nothing more to tell: its files may go once kept
+RUNNING_STATES: tuple[StateName, ...] = (State.STARTING, State.RUNNING)
+ENDED_STATES: tuple[StateName, ...] = (State.EXITED, State.STOPPED, State.TIMED_OUT, State.LOST, State.FAILED_TO_START)
+TO_TELL: tuple[ToldName, ...] = (Told.UNTOLD, Told.TELLING)
+SETTLED: tuple[ToldName, ...] = (Told.TOLD, Told.GIVEN_UP, Told.NO_WAY_IN)  # nothing more to tell: its files may go once kept
 
 
 def new_id() -> str:
@@ -61,10 +139,10 @@ def new_id() -> str:
 
 
 def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str | None, seccomp: str | None,
-               files: str, folder: str | None, program: str, args: list[str], program_argv: list[str],
+               files: str, folder: str, program: str, args: list[str], program_argv: list[str],
                timeout: float, output: int, background_output: int, keep: float, way_in: str | None,
-               agent: str | None, keyring: str | None, thread: str, hops: int, limits: dict | None,
-               tell_on: str | None = None) -> dict:
+               agent: str | None, keyring: str | None, thread: str, hops: int, limits: dict[str, int | None] | None,
+               tell_on: str | None = None) -> Record:
     """A new record, state `starting`: every field of the format, in one place.
 
     What start fixes (the supervisor needs it, the sweep and the tools read it):
@@ -124,7 +202,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {"folder": str, "ended": _NUMBER
              "tell_on": str, "lines_gathered": list, "lines_more": int, "lines_batch": dict, "lines_sent": int}
 
 
-def load(state: str, command_id: str) -> dict | None:
+def load(state: str, command_id: str) -> Record | None:
     """The record, or None when there is none or it is bad (a sweep sets a bad one aside)."""
     try:
         return load_strict(state, command_id)
@@ -132,7 +210,7 @@ def load(state: str, command_id: str) -> dict | None:
         return None
 
 
-def load_strict(state: str, command_id: str) -> dict | None:
+def load_strict(state: str, command_id: str) -> Record | None:
     """The record, None when there is none; BadRecord, saying why, when it is not whole."""
     try:
         with open(path(state, command_id, RECORD), "rb") as f:
@@ -142,7 +220,7 @@ def load_strict(state: str, command_id: str) -> dict | None:
     import orjson  # here, not at the top: the told message reads states without it
 
     try:
-        record = orjson.loads(data)
+        record: Record = orjson.loads(data)  # what _fault checks below is what every reader indexes
     except orjson.JSONDecodeError as error:
         raise BadRecord(f"not JSON ({len(data)} bytes; {error})") from None
     why = _fault(record, command_id)
@@ -189,7 +267,7 @@ def set_aside(state: str, command_id: str) -> str:
     return os.path.join(folder, command_id + RECORD)
 
 
-def write(state: str, command_id: str, record: dict) -> None:
+def write(state: str, command_id: str, record: Record) -> None:
     """Write the record whole or not at all."""
     import orjson
 

@@ -6,7 +6,9 @@ than about a second. Goal: at most 100 ms at the 99th percentile, both ways.
 The baseline is a bare interpreter start, measured in the same run; with
 LNK_BENCH_AGAINST=<another checkout>, that checkout's `up` too, each start
 of it right after one of ours (its package first on the path), so that both
-meet the same load.
+meet the same load, in an agent's folder of its own: the two builds' /etc
+rules may differ, and each start in a shared folder would rebuild the other's
+/etc view.
 
 The package is compiled first, as an install is: where the environment says
 PYTHONDONTWRITEBYTECODE, every start would compile it again.
@@ -92,6 +94,7 @@ def startup(files: str, row: Callable[..., None] | None = None) -> None:
     show = row or (lambda name, value, target="", baseline="": print(f"  {name:<52} {value:>18}   {target:<22} {baseline}"))
     agent = os.path.join(os.path.dirname(files), "agent-startup")
     argv = SERVER + ["up", "--agent", agent, "--no-way-in"]
+    their_argv = SERVER + ["up", "--agent", agent + "-against", "--no-way-in"]
     against = os.environ.get("LNK_BENCH_AGAINST")
     import linkrun
 
@@ -99,6 +102,8 @@ def startup(files: str, row: Callable[..., None] | None = None) -> None:
         compileall.compile_dir(package, quiet=1)
     other = {**os.environ, "PYTHONPATH": against} if against else None
     answered_in(argv, [])  # the agent's folder made, its /etc view and filter written, once
+    if other is not None:
+        answered_in(their_argv, [], other)
     for label, beside in (("idle", None), ("beside a CPU hog", cpu_hog)):
         with beside() if beside is not None else _nothing():
             cpu: list[float] = []
@@ -106,7 +111,7 @@ def startup(files: str, row: Callable[..., None] | None = None) -> None:
             for _ in range(TIMES):
                 up.append(answered_in(argv, cpu))
                 if other is not None:
-                    theirs.append(answered_in(argv, their_cpu, other))
+                    theirs.append(answered_in(their_argv, their_cpu, other))
             bare = [interpreter_start() for _ in range(TIMES // 4)]
         load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         show(f"up → initialize answered, {label} (median, p99)",

@@ -9,6 +9,7 @@ hands each `tools/call` to a worker thread (calls.py keeps the calls in flight).
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import signal
@@ -32,9 +33,9 @@ from .calls import Call, InFlight, RequestId, Workers, is_id, progress_token
 from ..calls.setup import up_checks
 from .checks import Checks
 from .offer import Offer
-from .results import ToolResult
 
 if TYPE_CHECKING:  # the tool layer, loaded once the first answer is out (Session.tools)
+    from .results import ToolResult
     from .tools import CallContext, Tools
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -358,6 +359,8 @@ class Session:
             return self.tools.call(name, arguments, context)
         except Exception as problem:
             logger.error(f"{name} failed: {problem!r}")
+            from .results import ToolResult
+
             return ToolResult(f"The call failed inside the server: {problem}. Try again; "
                               "if it keeps failing, the server's log (stderr) says more.", is_error=True)
 
@@ -433,6 +436,7 @@ def main(argv: list[str]) -> int:
     def first_answered() -> None:
         # The answer out first: the writer thread would wait for the interpreter lock the imports hold.
         session.channel.flush(FLUSH_IDLE)
+        gc.enable()  # off for the start (cli.py)
         session.checks.start()  # on a thread of their own, beside the tool layer's loading
         # Spares and the proxy are made with what the checks make (the /etc view).
         session.checks.after(session.tools.first_answered)

@@ -448,6 +448,34 @@ def test_J3_a_lone_surrogate_is_refused_by_the_requests_own_id_naming_where_it_i
     assert legacy.request("ping")["result"] == {}  # and the notification was not answered
 
 
+# Odd first lines: until its first answer is out, serve reads with the standard library's json, then orjson.
+FIRST_LINES = [
+    b"{not json", b"\xff\xfe\x00", b"nul", b"[1, 2", b'{"jsonrpc":"2.0","id":1,"method":"ping"}}', b"\xef\xbb\xbf{}",
+    b'"\xed\xa0\x80"', b"[" * 1100 + b"]" * 1100, b'{"jsonrpc":"2.0","id":NaN,"method":"ping"}',
+    b'{"jsonrpc":"2.0","id":1e999,"method":"ping"}', b'{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"ping"}',
+    rb'{"jsonrpc":"2.0","id":"lone","method":"ping","params":{"x":"a\udc80b"}}',
+    rb'{"jsonrpc":"2.0","id":"\ud800","method":"ping"}',
+    rb'{"jsonrpc":"2.0","id":"pair \ud83d\ude00 \u00e9 \\ud800","method":"ping"}',
+]
+
+
+def test_J3_a_servers_first_line_is_answered_as_any_later_line_is(serve):
+    def answer(server: RawServer, line: bytes) -> dict:
+        server.send_raw(line + b"\n")
+        response = server.next_message()
+        if response.get("error", {}).get("code") == -32700:  # the reader's own words follow
+            response["error"]["message"] = response["error"]["message"].split(" (")[0]
+        return response
+
+    def check(line):
+        server = serve()
+        first = answer(server, line)
+        server.initialize(LEGACY)
+        assert answer(server, line) == first, first
+
+    every(FIRST_LINES, check)
+
+
 def test_J4_json_that_is_not_a_request_is_an_invalid_request_echoing_a_readable_id(legacy):
     def check(case):
         message, answer_id = case

@@ -93,7 +93,8 @@ def test_when_ups_checks_fail_its_calls_say_why_and_it_ends_with_exit_1(tmp_path
 # which it writes on the pipe its answers go to, so the order holds.
 TOOL_LAYER = ("linkrun.front.tools", "linkrun.processes.runner", "linkrun.detached.background",
               "linkrun.front.background_tools")
-NOT_FOR_THE_HANDSHAKE = TOOL_LAYER + ("subprocess", "shutil", "tempfile", "socket")
+# orjson imports dataclasses, inspect and uuid: the handshake is read and written by the standard library's json.
+NOT_FOR_THE_HANDSHAKE = TOOL_LAYER + ("subprocess", "shutil", "tempfile", "socket", "orjson")
 
 
 def imported_until_answered(server: subprocess.Popen, request_id: int) -> list[str]:
@@ -127,7 +128,7 @@ def test_up_answers_initialize_before_it_loads_the_tool_layer_and_loads_it_for_t
                 assert "linkrun.front.offer" in before and "tomllib" in before, before
                 assert not [name for name in NOT_FOR_THE_HANDSHAKE if name in before], before
             else:
-                assert set(TOOL_LAYER) <= set(imported_until_answered(server, 2))
+                assert {*TOOL_LAYER, "orjson"} <= set(imported_until_answered(server, 2))
     finally:
         server.communicate(timeout=30)  # closes its input: the server ends
     assert server.returncode == 0

@@ -1,5 +1,8 @@
 """JSON-RPC framing on stdio: one JSON document a line, orjson, one writer thread.
 
+orjson is loaded once the first answer is out (`use_orjson`): it imports
+dataclasses, inspect and uuid, a tenth of `up`'s CPU to that answer. Until
+then the standard library's json reads and writes, by orjson's rules.
 Knows no method and no tool. Stdout carries protocol messages only: the
 channel keeps a private copy of fd 1 and points fd 1 at stderr, so a stray
 print or a library warning can never corrupt the stream.
@@ -7,13 +10,13 @@ print or a library warning can never corrupt the stream.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-
-import orjson
+from types import ModuleType
 
 from ..kernel import write_all
 
@@ -101,7 +104,7 @@ class Channel:
 
     def send(self, message: object, replaces: object = None) -> bool:
         """Queue one message as one line; False once stdout is gone."""
-        line = orjson.dumps(message) + b"\n"
+        line = dumps(message) + b"\n"
         with self._ready:
             if self.closed:
                 return False
@@ -169,26 +172,69 @@ class Channel:
             return line
 
 
-def lenient_loads(line: bytes, problem: orjson.JSONDecodeError) -> object:
-    """A line orjson refused only for a lone surrogate escape (`"\\ud800"`:
-    JSON's grammar allows it, UTF-8 cannot carry it), read by the standard
-    library, so that the request is answered by its id; raises `problem` for
-    any other line. Only that line pays: every other line is orjson's alone.
-    NaN and Infinity stay refused, and big numbers read as orjson reads them."""
-    if "surrogate in string" not in str(problem):
-        raise problem
-    import json
+_orjson: ModuleType | None = None  # loaded after the first answer
 
+
+def use_orjson() -> None:
+    """From now on, orjson reads and writes every message."""
+    global _orjson
+    import orjson
+
+    _orjson = orjson
+
+
+def dumps(message: object) -> bytes:
+    if _orjson is not None:
+        return _orjson.dumps(message)
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def loads(line: bytes) -> object:
+    """One message; ValueError (orjson's JSONDecodeError is one) when the line
+    is not JSON, or holds a lone surrogate ("surrogate in string")."""
+    if _orjson is not None:
+        return _orjson.loads(line)
+    try:
+        message = standard_loads(line.decode())  # strict UTF-8, as orjson reads
+    except RecursionError:
+        raise ValueError("depth limit exceeded") from None
+    if b"\\u" in line:  # only an escape makes a lone surrogate; encoding finds one at C speed
+        try:
+            json.dumps(message, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ValueError("lone surrogate in string") from None
+    return message
+
+
+def standard_loads(text: str | bytes) -> object:
+    """The standard library's json, by orjson's rules: NaN, Infinity and
+    numbers past a double refused, integers past 64 bits read as floats."""
     def constant(name: str) -> object:
         raise ValueError(name)
 
-    def number(text: str) -> int | float:
+    def integer(text: str) -> int | float:
         value = int(text)
         return value if -2**63 <= value < 2**64 else float(value)
 
+    def real(text: str) -> float:
+        value = float(text)
+        if value in (float("inf"), float("-inf")):
+            raise ValueError(f"{text} is past a double")
+        return value
+
+    return json.loads(text, parse_constant=constant, parse_int=integer, parse_float=real)
+
+
+def lenient_loads(line: bytes, problem: ValueError) -> object:
+    """A line refused only for a lone surrogate escape (`"\\ud800"`: JSON's
+    grammar allows it, UTF-8 cannot carry it), read by the standard library,
+    so that the request is answered by its id; raises `problem` for any other
+    line. Only that line pays: every other line is read once."""
+    if "surrogate in string" not in str(problem):
+        raise problem
     try:
-        return json.loads(line, parse_constant=constant, parse_int=number)
-    except ValueError:
+        return standard_loads(line)
+    except (ValueError, RecursionError):
         raise problem from None
 
 

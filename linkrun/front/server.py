@@ -20,14 +20,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from .. import logger
 from .. import __version__
 from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-    UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
+    UNSUPPORTED_VERSION, Channel, error, lenient_loads, loads, lone_surrogate, result, use_orjson,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id, progress_token
 from ..calls.setup import up_checks
@@ -120,11 +118,11 @@ class Session:
 
     def handle_line(self, line: bytes) -> None:
         try:
-            message = orjson.loads(line)
-        except orjson.JSONDecodeError as problem:
+            message = loads(line)
+        except ValueError as problem:
             try:
                 refused = _lone_surrogate_refused(lenient_loads(line, problem))
-            except orjson.JSONDecodeError:
+            except ValueError:
                 refused = error(None, PARSE_ERROR, f"the line is not JSON ({problem}); send one JSON-RPC message a line")
             if refused is not None:
                 self.channel.send(refused)
@@ -421,6 +419,7 @@ def main(argv: list[str]) -> int:
     offer = Offer(settings)
 
     def load_tools() -> Tools:
+        use_orjson()  # with the tool layer, whose values it writes (protocol.py)
         from .tools import Tools
 
         tools = Tools(settings, offer)

@@ -42,9 +42,9 @@ USAGES: dict[str, tuple[str, str] | str] = {
     "proxy": "lnk-link-run proxy --state <dir>",
 }
 # The MCP server's commands: their start runs without the cyclic garbage
-# collector, which its imports' thousands of new objects woke a dozen times
-# for nothing to free (a tenth of the CPU before the first answer); serve
-# turns it back on once that answer is out.
+# collector, which its imports' new objects woke twenty times for nothing to
+# free (2 ms of about 40 to the first answer); serve turns it back on once
+# that answer is out.
 SERVERS = ("up", "serve")
 HELP = ("-h", "--help")
 VERSION = ("-V", "--version")

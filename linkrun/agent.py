@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SUBFOLDERS = ("Config", "Agent", "Home", "Files", "State")
 # Folders of Files/ made with it: work/ is always writable; chats/ (the
@@ -22,8 +22,7 @@ SUBFOLDERS = ("Config", "Agent", "Home", "Files", "State")
 FILES_SUBFOLDERS = ("work", "chats", "background")
 
 
-@dataclass(frozen=True)
-class AgentFolder:
+class AgentFolder(NamedTuple):
     root: str  # absolute, links resolved
 
     @property

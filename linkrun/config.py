@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .address import AGENT_ID, parse_address
 from .agent import default_keyring
@@ -70,8 +70,7 @@ def check_way_in(text: str) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class WayInFlags:
+class WayInFlags(NamedTuple):
     """--way-in, --as and --keyring, checked together; all None without a way in."""
 
     address: str | None = None
@@ -98,8 +97,7 @@ def way_in_flags(flags: Mapping[str, str], environ: Mapping[str, str]) -> WayInF
     return WayInFlags(address, agent, os.path.abspath(flags.get("--keyring") or default_keyring(environ)))
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """A call's limits; None: not limited."""
 
     memory: int | None = None  # bytes
@@ -124,8 +122,7 @@ class Limits:
         return cls(**value) if value else None
 
 
-@dataclass(frozen=True)
-class BackgroundSettings:
+class BackgroundSettings(NamedTuple):
     """The background commands' settings: all required once --state is given
     (but for --state with --proxy alone, the proxy's state folder)."""
 
@@ -141,8 +138,7 @@ class BackgroundSettings:
     hops: int
 
 
-@dataclass(frozen=True)
-class KeepSettings:
+class KeepSettings(NamedTuple):
     """A call's output kept past its answer (--keep-output, --keep-for,
     --keep-total, given together with --state): each cut stream of a call,
     its last `output` bytes, for `keep_for` seconds, within `total` bytes for
@@ -154,8 +150,7 @@ class KeepSettings:
     total: int  # bytes of kept output in all, for the agent
 
 
-@dataclass(frozen=True)
-class Serve:
+class Serve(NamedTuple):
     files: str
     programs_path: str
     timeout: int

@@ -5,7 +5,6 @@ Real `up`, real `doctor`, real bubblewrap, as root and as an ordinary user
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import select
 import shutil
@@ -119,7 +118,7 @@ def test_the_first_up_writes_the_sandbox_file_in_force_and_adding_a_program_to_i
     written = agent / "Config" / "sandbox.toml"
     text = written.read_text()
     assert text.startswith("#") and "[commands]" in text and "[limits]" in text, text
-    assert sandbox.load(str(written)) == dataclasses.replace(sandbox.load(None), source=str(written))
+    assert sandbox.load(str(written)) == sandbox.load(None)._replace(source=str(written))
     # The docs' advice: add the program to [commands] allow.
     written.write_text(text.replace('"sh", "bash",', '"sh", "id", "bash",', 1))
     done = run("doctor", "--agent", str(agent))

@@ -6,7 +6,6 @@ serve's log.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from ..config import Serve
@@ -137,7 +136,7 @@ def limits_sentence(held: Holding, background_timeout: int | None = None) -> str
     if limits.tasks is not None and "tasks" not in held.not_held:
         parts.append(f"{held.at_most('tasks')} processes and threads at once (past them a fork fails)")
     if limits.cpu is not None and "cpu" not in held.not_held:
-        background = (f", {dataclasses.replace(held, longest=background_timeout).cpu_seconds} s in a background "
+        background = (f", {held._replace(longest=background_timeout).cpu_seconds} s in a background "
                       "command" if background_timeout else "")
         parts.append(f"{cores(limits.cpu)} of CPU (past it the call is slowed)" if "cpu" in held.by_cgroup else
                      f"{held.cpu_seconds} s of CPU time in each process{background} ({cores(limits.cpu)} over the "

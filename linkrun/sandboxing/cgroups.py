@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..config import CONTROLLERS, Limits
 from ..kernel import read_small
@@ -49,8 +49,7 @@ CPU_PERIOD = 100_000  # microseconds
 _counter = itertools.count(1)
 
 
-@dataclass(frozen=True)
-class Place:
+class Place(NamedTuple):
     """Where this process may make groups: the folder for each controller it
     can have, and why it cannot have the others."""
 
@@ -199,14 +198,15 @@ def _write(path: str, value: str) -> None:
         os.close(fd)
 
 
-@dataclass(eq=False)  # each group is itself: held in sets by identity
 class Group:
-    """One call's group: a folder in each hierarchy it joins (one in v2)."""
+    """One call's group: a folder in each hierarchy it joins (one in v2). Each
+    group is itself: held in sets by identity."""
 
-    version: int
-    folders: tuple[str, ...]
-    limits: Limits
-    seen: tuple[int, int] = (0, 0)  # its out-of-memory kills and refused forks when its last call ended
+    def __init__(self, version: int, folders: tuple[str, ...], limits: Limits, seen: tuple[int, int] = (0, 0)) -> None:
+        self.version = version
+        self.folders = folders
+        self.limits = limits
+        self.seen = seen  # its out-of-memory kills and refused forks when its last call ended
 
     @property
     def procs(self) -> list[str]:

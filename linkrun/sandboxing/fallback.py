@@ -36,7 +36,7 @@ import math
 import os
 import resource
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..config import CONTROLLERS, Limits
 
@@ -63,8 +63,7 @@ _SIGNS = {
 _RESOURCES = {"memory": resource.RLIMIT_DATA, "tasks": resource.RLIMIT_NPROC}
 
 
-@dataclass(frozen=True)
-class Holding:
+class Holding(NamedTuple):
     """How each of a call's limits holds here: through its cgroup, through an
     rlimit inside its sandbox, or not at all."""
 

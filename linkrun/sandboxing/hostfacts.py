@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Top-level system folders: on a merged-/usr system they are links into
@@ -16,8 +16,11 @@ ROOT_FOLDERS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 KEY_FILES = ("/proc/keys", "/proc/key-users")
 
 
-@dataclass(frozen=True)
-class Host:
+def present(paths: Sequence[str]) -> tuple[str, ...]:
+    return tuple(path for path in paths if os.path.exists(path))
+
+
+class Host(NamedTuple):
     """Facts of this machine the argv depends on, gathered once (at `up`)."""
 
     bwrap: str
@@ -28,7 +31,7 @@ class Host:
     fsize_max: int | None  # the hard RLIMIT_FSIZE, which prlimit cannot raise
     memory_total: int = 0  # bytes of memory this machine has
     cpus: int = 1  # the cores this process may run on
-    key_files: tuple[str, ...] = field(default_factory=lambda: present(KEY_FILES))  # those this kernel has
+    key_files: tuple[str, ...] = present(KEY_FILES)  # those this kernel has (read once, at import)
 
 
 def bwrap_has(bwrap: str, option: str) -> bool:
@@ -59,10 +62,6 @@ def hidden_keys(host: Host) -> list[str]:
     """bwrap's flags that show KEY_FILES empty: /dev/null bound over each
     (a device: `--ro-bind` would mount it nodev, and unreadable)."""
     return [arg for path in host.key_files for arg in ("--dev-bind", "/dev/null", path)]
-
-
-def present(paths: Sequence[str]) -> tuple[str, ...]:
-    return tuple(path for path in paths if os.path.exists(path))
 
 
 def entries(top: str, names: Sequence[str]) -> Iterator[tuple[str, str | None]]:

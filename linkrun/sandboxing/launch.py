@@ -54,7 +54,6 @@ import os
 import resource
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from ..config import Limits
 from ..kernel import own_session_keyring
@@ -70,20 +69,22 @@ if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's sta
 
 
 
-@dataclass
 class Sandbox:
     """What a launch needs to know of the agent's sandbox, fixed for a server or a record."""
 
-    fixed: tuple[str, ...]  # the sandbox command up built (or a pass-through in tests)
-    files: str  # the files folder
-    write: tuple[str, ...] = ()  # write folders, relative to the files folder
-    proxy_dir: str | None = None  # the agent's proxy's folder, when calls have the internet
-    seccomp: str | None = None  # the filter file, opened afresh for each launch
-    limits: Limits | None = None  # each launch in a cgroup of its own with these, where one can be had
-    etc_watch: EtcWatch | None = None  # serve's watch of the host's /etc: a launch looks only after a change
-    longest: int | None = None  # the most seconds a launch runs: the span of a cpu limit held by an rlimit
-    place: Place | None = None  # where cgroups can be made; None: where this process can make them
-    groups: KeptGroups | None = None  # serve's calls' groups, a launch's taken there; None: each made afresh
+    def __init__(self, fixed: tuple[str, ...], files: str, write: tuple[str, ...] = (), proxy_dir: str | None = None,
+                 seccomp: str | None = None, limits: Limits | None = None, etc_watch: EtcWatch | None = None,
+                 longest: int | None = None, place: Place | None = None, groups: KeptGroups | None = None) -> None:
+        self.fixed = fixed  # the sandbox command up built (or a pass-through in tests)
+        self.files = files  # the files folder
+        self.write = write  # write folders, relative to the files folder
+        self.proxy_dir = proxy_dir  # the agent's proxy's folder, when calls have the internet
+        self.seccomp = seccomp  # the filter file, opened afresh for each launch
+        self.limits = limits  # each launch in a cgroup of its own with these, where one can be had
+        self.etc_watch = etc_watch  # serve's watch of the host's /etc: a launch looks only after a change
+        self.longest = longest  # the most seconds a launch runs: the span of a cpu limit held by an rlimit
+        self.place = place  # where cgroups can be made; None: where this process can make them
+        self.groups = groups  # serve's calls' groups, a launch's taken there; None: each made afresh
 
     @functools.cached_property
     def holding(self) -> Holding | None:
@@ -128,27 +129,29 @@ class Sandbox:
         return bool(self.write or self.proxy_dir)
 
 
-@dataclass
 class Launch:
     """A sandbox's argv, ready to spawn. The caller spawns with `pass_fds=launch.fds`
     and `env=launch.env`, then calls `started()`; `close()` (or the `with`
     block's end) closes whatever is still open, on success and on error alike."""
 
-    argv: list[str]
-    fds: list[int] = field(default_factory=list)
-    env: dict[str, str] | None = None
-    info_r: int | None = None  # our end of bwrap's --info-fd (bwrap's end is among `fds`)
-    init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
-    group: Group | None = None  # the launch's cgroup, until the caller takes it
-    held: list[int] = field(default_factory=list)  # kept until `close()`: the pinned /etc view
-    rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard), set on the sandbox's init while bwrap holds the program
-    holding: Holding | None = None  # how the call's limits hold (fallback.py), for telling which bit
-    proxy_dir: str | None = None  # with the internet: the proxy that listens inside
-    block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
-    no_internet: str | None = None  # why the program runs without the internet, if it does
-    shown_args: list[str] = field(default_factory=list)  # the argv's binds and filter, for `key`
-    git: GitLook | None = None  # the repositories as they were before the program (gitcheck.py), checked at close()
-    git_notes: list[str] = field(default_factory=list)  # what that check set aside
+    def __init__(self, argv: list[str], fds: list[int] | None = None, env: dict[str, str] | None = None,
+                 git: GitLook | None = None) -> None:
+        self.argv = argv
+        self.fds = fds if fds is not None else []
+        self.env = env
+        self.git = git  # the repositories as they were before the program (gitcheck.py), checked at close()
+        self.info_r: int | None = None  # our end of bwrap's --info-fd (bwrap's end is among `fds`)
+        self.init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
+        self.group: Group | None = None  # the launch's cgroup, until the caller takes it
+        self.held: list[int] = []  # kept until `close()`: the pinned /etc view
+        # (resource, soft, hard), set on the sandbox's init while bwrap holds the program
+        self.rlimits: tuple[tuple[int, int, int], ...] = ()
+        self.holding: Holding | None = None  # how the call's limits hold (fallback.py), for telling which bit
+        self.proxy_dir: str | None = None  # with the internet: the proxy that listens inside
+        self.block_w: int | None = None  # our end of bwrap's --block-fd: the program waits until it is closed
+        self.no_internet: str | None = None  # why the program runs without the internet, if it does
+        self.shown_args: list[str] = []  # the argv's binds and filter, for `key`
+        self.git_notes: list[str] = []  # what that check set aside
 
     @functools.cached_property
     def key(self) -> tuple[object, ...]:

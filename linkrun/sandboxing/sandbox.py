@@ -17,7 +17,7 @@ import re
 import resource
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .. import agent as agent_folder
 from . import etcview
@@ -44,8 +44,7 @@ def defaults() -> dict[str, Any]:
         return tomllib.load(f)
 
 
-@dataclass(frozen=True)
-class SandboxFile:
+class SandboxFile(NamedTuple):
     """A sandbox file, checked. `source` names it in messages."""
 
     allow: tuple[str, ...]
@@ -240,8 +239,7 @@ def inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-@dataclass(frozen=True)
-class ProgramsHere:
+class ProgramsHere(NamedTuple):
     """The `[commands] allow` entries this machine has and the sandbox shows."""
 
     kept: tuple[str, ...]  # as given: bare names, absolute paths, or *

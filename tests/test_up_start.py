@@ -93,8 +93,9 @@ def test_when_ups_checks_fail_its_calls_say_why_and_it_ends_with_exit_1(tmp_path
 # which it writes on the pipe its answers go to, so the order holds.
 TOOL_LAYER = ("linkrun.front.tools", "linkrun.processes.runner", "linkrun.detached.background",
               "linkrun.front.background_tools")
-# orjson imports dataclasses, inspect and uuid: the handshake is read and written by the standard library's json.
-NOT_FOR_THE_HANDSHAKE = TOOL_LAYER + ("subprocess", "shutil", "tempfile", "socket", "orjson")
+# orjson imports dataclasses, inspect and uuid: the handshake is read and written by the standard library's json;
+# the records on its way are NamedTuples and plain classes (dataclasses made their methods at each start).
+NOT_FOR_THE_HANDSHAKE = TOOL_LAYER + ("subprocess", "shutil", "tempfile", "socket", "orjson", "dataclasses", "inspect")
 
 
 def imported_until_answered(server: subprocess.Popen, request_id: int) -> list[str]:

@@ -47,7 +47,6 @@ from ..state import filing
 from . import etcrule
 from ..errors import LinkRunError
 from ..state.layout import ETC_LOCK, ETC_VIEW, ETC_VIEWS
-from ..state.records import boot_id
 
 ETC = "/etc"
 # What programs need of /etc, and no more.
@@ -125,6 +124,8 @@ def fingerprint(etc: str, found: Entries) -> bytes:
     """What a view copied from `found` shows: a changed, added or removed
     entry changes it (a write changes a file's ctime, a rename its inode),
     and so does a reboot (a copy not yet on disk may have been lost)."""
+    from ..state.records import boot_id  # here: up's first answer needs this module, and no record
+
     lines = [f"{etc}\0{boot_id()}\0{etcrule.RULE}"] + [
         f"{rel}\0link" if info is None else
         f"{rel}\0{info.st_mode:o}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ctime_ns}"

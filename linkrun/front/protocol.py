@@ -185,7 +185,8 @@ def use_orjson() -> None:
 
 def dumps(message: object) -> bytes:
     if _orjson is not None:
-        return _orjson.dumps(message)
+        line: bytes = _orjson.dumps(message)
+        return line
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 

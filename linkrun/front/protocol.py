@@ -1,8 +1,8 @@
 """JSON-RPC framing on stdio: one JSON document a line, orjson, one writer thread.
 
-orjson is loaded with the tool layer (`use_orjson`), after the first answer:
-its import (uuid and platform with it) was 2 ms of that answer's 40. Until
-then the standard library's json reads and writes, by orjson's rules.
+orjson is loaded with the tool layer (`Channel.use_orjson`), after the first
+answer: its import (uuid and platform with it) was 2 ms of that answer's 40.
+Until then the standard library's json reads and writes, by orjson's rules.
 Knows no method and no tool. Stdout carries protocol messages only: the
 channel keeps a private copy of fd 1 and points fd 1 at stderr, so a stray
 print or a library warning can never corrupt the stream.
@@ -61,6 +61,7 @@ class Channel:
         self._moved_at = time.monotonic()  # when bytes last went out
         self.closed = False  # stdout went away, or we stopped answering
         self.interrupted = False  # a signal asked us to stop reading
+        self._orjson: ModuleType | None = None  # until then, the standard library (use_orjson)
         threading.Thread(target=self._read_ahead, daemon=True, name="stdin").start()
         threading.Thread(target=self._write_queued, daemon=True, name="stdout").start()
 
@@ -102,9 +103,37 @@ class Channel:
             if line.strip():
                 yield line
 
+    def use_orjson(self) -> None:
+        """From now on, orjson reads and writes every message."""
+        import orjson
+
+        self._orjson = orjson
+
+    def loads(self, line: bytes) -> object:
+        """One message; ValueError (orjson's JSONDecodeError is one) when the line
+        is not JSON, or holds a lone surrogate ("surrogate in string")."""
+        if self._orjson is not None:
+            return self._orjson.loads(line)
+        try:
+            message = standard_loads(line.decode())  # strict UTF-8, as orjson reads
+        except RecursionError:
+            raise ValueError("depth limit exceeded") from None
+        if b"\\u" in line:  # only an escape makes a lone surrogate; encoding finds one at C speed
+            try:
+                json.dumps(message, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise ValueError("lone surrogate in string") from None
+        return message
+
+    def _dumps(self, message: object) -> bytes:
+        if self._orjson is not None:
+            line: bytes = self._orjson.dumps(message)
+            return line
+        return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
     def send(self, message: object, replaces: object = None) -> bool:
         """Queue one message as one line; False once stdout is gone."""
-        line = dumps(message) + b"\n"
+        line = self._dumps(message) + b"\n"
         with self._ready:
             if self.closed:
                 return False
@@ -170,41 +199,6 @@ class Channel:
                 del self._replaceable[key]
             self._writing = True
             return line
-
-
-_orjson: ModuleType | None = None  # loaded after the first answer
-
-
-def use_orjson() -> None:
-    """From now on, orjson reads and writes every message."""
-    global _orjson
-    import orjson
-
-    _orjson = orjson
-
-
-def dumps(message: object) -> bytes:
-    if _orjson is not None:
-        line: bytes = _orjson.dumps(message)
-        return line
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-def loads(line: bytes) -> object:
-    """One message; ValueError (orjson's JSONDecodeError is one) when the line
-    is not JSON, or holds a lone surrogate ("surrogate in string")."""
-    if _orjson is not None:
-        return _orjson.loads(line)
-    try:
-        message = standard_loads(line.decode())  # strict UTF-8, as orjson reads
-    except RecursionError:
-        raise ValueError("depth limit exceeded") from None
-    if b"\\u" in line:  # only an escape makes a lone surrogate; encoding finds one at C speed
-        try:
-            json.dumps(message, ensure_ascii=False).encode()
-        except UnicodeEncodeError:
-            raise ValueError("lone surrogate in string") from None
-    return message
 
 
 def standard_loads(text: str | bytes) -> object:

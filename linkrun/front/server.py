@@ -25,7 +25,7 @@ from .. import __version__
 from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-    UNSUPPORTED_VERSION, Channel, error, lenient_loads, loads, lone_surrogate, result, use_orjson,
+    UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
 from .calls import Call, InFlight, RequestId, Workers, is_id, progress_token
 from ..calls.setup import up_checks
@@ -73,6 +73,7 @@ class Session:
         or for a first request that needs it."""
         with self._tools_lock:
             if self._tools is None:
+                self.channel.use_orjson()  # with the tool layer, whose values it writes (protocol.py)
                 self._tools = self._load_tools()
             return self._tools
 
@@ -118,7 +119,7 @@ class Session:
 
     def handle_line(self, line: bytes) -> None:
         try:
-            message = loads(line)
+            message = self.channel.loads(line)
         except ValueError as problem:
             try:
                 refused = _lone_surrogate_refused(lenient_loads(line, problem))
@@ -419,7 +420,6 @@ def main(argv: list[str]) -> int:
     offer = Offer(settings)
 
     def load_tools() -> Tools:
-        use_orjson()  # with the tool layer, whose values it writes (protocol.py)
         from .tools import Tools
 
         tools = Tools(settings, offer)

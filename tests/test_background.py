@@ -246,9 +246,16 @@ def test_read_with_wait_returns_at_the_end(bg, state):
 def test_output_read_while_it_rotates_is_never_at_a_stale_offset(servers, files, state):
     server = servers(background_argv(files, state, output="4K"))
     server.initialize()
+    # The program goes on past each of its three parts only when a read with
+    # data let it (a byte in the gate): at least three reads see it rotate,
+    # however fast it writes.
+    os.mkfifo(files / "gate")
+    gate = os.open(files / "gate", os.O_RDWR | os.O_NONBLOCK)
     # Fixed-width numbered lines: the bytes at any offset are known.
     command_id = start(server, program="python3", args=["-c", (
-        "import sys\nfor i in range(300000): sys.stdout.write('%09d\\n' % i)\n")])
+        "import sys\ngate = open('gate', 'rb')\nfor part in range(3):\n"
+        "    for i in range(part * 100000, (part + 1) * 100000): sys.stdout.write('%09d\\n' % i)\n"
+        "    sys.stdout.flush()\n    gate.read(1)\n")])
     offset, checked = 0, 0
     while True:
         value, text = read(server, id=command_id, offset=offset, wait=5)
@@ -259,9 +266,12 @@ def test_output_read_while_it_rotates_is_never_at_a_stale_offset(servers, files,
             skip = start_at % 10
             assert data == expected[skip:skip + len(data)], f"stale bytes at {start_at}"
             checked += 1
+            if checked <= 3:
+                os.write(gate, b".")
         offset = value["next"]
         if value["state"] not in ("starting", "running") and value["next"] == value["total"]:
             break
+    os.close(gate)
     assert checked > 2
     assert value["total"] == 3000000
 

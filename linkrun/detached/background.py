@@ -22,6 +22,7 @@ from . import admission, outfile
 from .. import config
 from ..sandboxing import beneath
 from ..state import layout, records
+from .input import waiting_for_input
 from .outfile import ReadChunk
 from .watch import Watcher
 from ..config import Serve
@@ -301,6 +302,7 @@ class Background:
         }
         if unreadable is not None:
             entry["unreadable"] = unreadable
+        entry["waiting"] = waiting_for_input(self.state, record)
         return entry
 
     def read(self, arguments: dict[str, Any], meta: dict[str, Any], wait: float,

@@ -13,6 +13,7 @@ from ..units import format_duration
 from .reading import answer as read  # noqa: F401  (the tool layer finds every background tool's answer here)
 from .reading import how_it_ended, read_tool
 from .results import ToolResult, nullable
+from .writing import write_tool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ _ENTRY = {
         "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
                           '"tasks" (a fork was refused at its task limit), "cpu" (it used up its CPU time, '
                           'an rlimit where no cgroup holds the cap), or null.'),
+        "waiting": {"type": "boolean", "description": "Whether it is blocked reading its input (or terminal), "
+                    "with nothing left to read: a prompt waits for a write."},
         "unreadable": {"type": "string", "description": "Only when its output file could not be read now: why "
                        "(bytes is then what its record last said)."},
     },
@@ -82,6 +85,7 @@ def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dic
             "annotations": {"title": "List background commands", **read_only},
         },
         "read": read_tool(background=True, kept=settings.keep is not None),
+        "write": write_tool(),
         "stop": {
             "name": "stop", "title": "Stop a background command",
             "description": "Stop a background command with everything it started, and answer how it ended.",
@@ -117,6 +121,7 @@ def list_text(entries: list[dict[str, Any]]) -> str:
     for e in entries:
         how = how_it_ended(e)
         command = " ".join([e["program"], *e["args"]])
+        how += " · waiting for input" if e.get("waiting") else ""
         lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
                      f"told: {e['told']}\n  {command}  (in {e['folder']})")
         if "unreadable" in e:

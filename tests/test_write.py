@@ -145,3 +145,41 @@ def test_in_the_sandbox_a_python_session_keeps_its_state_and_a_prompt_is_answere
     assert up.read_all(plain).endswith("no terminal\n")
     up_write(up, id=session, eof=True, wait=0)
     up.wait_ended(session)
+
+
+def up_start(up, program: str, *args: str, **arguments: object) -> str:
+    result = up.server.call("start", {"program": program, "args": list(args), **arguments}, meta=UP_META, timeout=60)
+    assert not result.get("isError"), text_of(result)
+    return result["structuredContent"]["id"]
+
+
+ON_A_TERMINAL = """
+import fcntl, os, sys, termios
+print('a terminal' if sys.stdin.isatty() else 'no terminal', os.get_terminal_size(0))
+print('pts', sorted(os.listdir('/dev/pts')))
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b'x')
+    print('TIOCSTI taken')
+except OSError as problem:
+    print('TIOCSTI refused', problem.errno)
+"""
+
+
+def test_in_the_sandbox_a_tty_command_has_a_terminal_of_its_own_and_ctrl_c_reaches_it(up_as):
+    up = up_as
+    probe = up_start(up, "python3", "-c", ON_A_TERMINAL, tty=True, columns=100, rows=30)
+    up.wait_ended(probe)
+    printed = up.read_all(probe)
+    assert "a terminal os.terminal_size(columns=100, lines=30)\r\n" in printed
+    assert "pts ['0', 'ptmx']\r\n" in printed  # the sandbox's own devpts: its one terminal, none of the host's
+    assert "TIOCSTI refused 1\r\n" in printed  # EPERM from the seccomp filter
+    shell = up_start(up, "sh", tty=True)
+    wait_for(lambda: up.read(shell)[0]["waiting"], what="the shell to wait at its prompt")
+    up_write(up, id=shell, text="sleep 100\n", wait=0)
+    wait_for(lambda: up.read(shell)[0]["waiting"] is False, what="sleep to run")
+    up_write(up, id=shell, text="\u0003", wait=0)
+    wait_for(lambda: up.read(shell)[0]["waiting"], what="the shell to be back at its prompt")
+    assert "alive" in answered(up, shell, up_write(up, id=shell, text="echo ali''ve\n", wait=10), "alive\r\n")
+    up_write(up, id=shell, text="exit 7\n", wait=0)
+    up.wait_ended(shell)
+    assert "exit 7" in up.read(shell)[1]

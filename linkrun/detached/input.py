@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import Refused
 from ..state import layout
 from ..state.records import State
 
@@ -44,7 +45,8 @@ def socket_path(state_fd: int, command_id: str) -> str:
 class InputPort:
     """The program's input pipe, its write end ours, and the socket serve writes to it through."""
 
-    def __init__(self, state: str, command_id: str) -> None:
+    def __init__(self, state: str, command_id: str, tty: bool = False) -> None:
+        self.tty = tty  # its program reads a terminal the sandbox made, fed from our pipe
         self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(self.write_end, False)
         self.pipe = os.fstat(self.read_end).st_ino
@@ -140,7 +142,8 @@ class InputPort:
         """Whether a process of the command is blocked reading its input, with nothing left in it."""
         if self.closed or self.pending or _unread(self.write_end) != 0:
             return False
-        return any(_reads(pid, f"pipe:[{self.pipe}]") for pid in descendants(self.gate_pid))
+        pipe = f"pipe:[{self.pipe}]"
+        return any(_reads(pid, pipe, self.tty) for pid in descendants(self.gate_pid))
 
     def close(self) -> None:
         """At the program's end: no more writes; connects are refused from now on."""
@@ -187,10 +190,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _reads(pid: int, what: str) -> bool:
-    """Whether the process is asleep in a read of a pipe or terminal, with `what` as its input."""
+def _reads(pid: int, pipe: str, tty: bool) -> bool:
+    """Whether the process is asleep in a read of its input: our pipe, or with `tty` its terminal (a pts of
+    the sandbox's own devpts, which the terminal's relay feeds from our pipe as it comes)."""
     try:
-        if os.readlink(f"/proc/{pid}/fd/0") != what:
+        link = os.readlink(f"/proc/{pid}/fd/0")
+        if link != pipe and not (tty and "pts/" in link):
             return False
         with open(f"/proc/{pid}/wchan") as f:
             return f.read().strip() in READING
@@ -198,12 +203,12 @@ def _reads(pid: int, what: str) -> bool:
         return False
 
 
-def program_input(state: str, command_id: str) -> tuple[int, InputPort | None]:
+def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, InputPort | None]:
     """The program's stdin: the input file given at start (read once, then EOF), else an open pipe of ours."""
     try:
         return os.open(layout.path(state, command_id, layout.INPUT), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), None
     except FileNotFoundError:
-        port = InputPort(state, command_id)
+        port = InputPort(state, command_id, tty)
         fd, port.read_end = port.read_end, -1  # the caller's to close, once the gate has it
         return fd, port
 
@@ -241,3 +246,39 @@ def waiting_for_input(state: str, record: Shown) -> bool:
     except (OSError, ValueError):
         return False
     return bool(reply and reply.get("waiting"))
+
+
+# The terminal's size when the call gives none, and the most it may give.
+COLUMNS, ROWS, MOST_SIDE = 80, 24, 1000
+# The terminal's relay, run inside the sandbox: util-linux's script opens a
+# pseudo-terminal of the sandbox's own devpts (never the host's), runs the
+# program on it, copies our pipe to it and it to the output; -e: the
+# program's exit status; -f: each output at once; -q: nothing of its own.
+SCRIPT = "/usr/bin/script"
+
+
+def terminal_size(arguments: dict[str, Any]) -> list[int] | None:
+    """`start`'s tty, columns and rows: [columns, rows] when it runs on a terminal, else None."""
+    tty = arguments.get("tty", False)
+    if not isinstance(tty, bool):
+        raise Refused("tty must be true or false")
+    sides = {name: arguments.get(name, default) for name, default in (("columns", COLUMNS), ("rows", ROWS))}
+    for name, side in sides.items():
+        if isinstance(side, bool) or not isinstance(side, int) or not 1 <= side <= MOST_SIDE:
+            raise Refused(f"{name} must be a whole number from 1 to {MOST_SIDE}")
+        if not tty and name in arguments:
+            raise Refused(f"{name} is the terminal's size: give it with tty")
+    if not tty:
+        return None
+    if not os.access(SCRIPT, os.X_OK):
+        raise Refused(f"tty needs {SCRIPT} (util-linux) on this host, which it lacks")
+    return [sides["columns"], sides["rows"]]
+
+
+def on_terminal(argv_tail: list[str], size: list[int]) -> list[str]:
+    """The program's argv run on a terminal of its own, `size` [columns, rows] big."""
+    import shlex
+
+    columns, rows = size
+    line = f"stty cols {columns} rows {rows} 2>/dev/null; export TERM=${{TERM:-xterm}}; exec {shlex.join(argv_tail)}"
+    return [SCRIPT, "-qefc", line, "/dev/null"]

@@ -273,7 +273,7 @@ class Supervisor:
         control_r, control_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         grow_pipe(out_r)
-        stdin, self.port = program_input(self.state, self.id)  # the input given at start, else an open pipe
+        stdin, self.port = program_input(self.state, self.id, bool(self.record.get("tty")))  # given, or a pipe
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
         environment = "keep" if launch.env is None else "clear"  # see gate.py
         try:

@@ -56,6 +56,17 @@ TELL_ON = {"tell_on": {"type": "string", "description": (
     "found meanwhile gathered into the next), such as 'listening on|ERROR'.")}}
 
 
+# start's terminal: a program that needs one (a REPL, a prompt, a debugger), typed into with write.
+TTY = {
+    "tty": {"type": "boolean", "description": (
+        "Run it on a terminal of its own inside its sandbox (a REPL, a debugger, a program that asks on a "
+        "terminal): its input is the terminal, typed into with write; its output file holds what the terminal "
+        "printed, echoed input and line ends as \\r\\n included.")},
+    "columns": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "With tty: its width (default 80)."},
+    "rows": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "With tty: its height (default 24)."},
+}
+
+
 def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dict[str, Any]]:
     b = background_settings(settings)
     no_way_in = b.way_in is None
@@ -70,7 +81,8 @@ def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dic
             "description": (f"Start a program as command would, in the background, and answer at once with its id; "
                             f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
                             f"streams as one, goes to {layout.shown_output('<id>')} in the files folder."),
-            "inputSchema": {"type": "object", "properties": run_properties if no_way_in else {**run_properties, **TELL_ON},
+            "inputSchema": {"type": "object", "properties": {**run_properties, **TTY} if no_way_in else
+                            {**run_properties, **TTY, **TELL_ON},
                             "required": ["program"], "additionalProperties": False},
             "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
                              "required": ["id", "output"]},

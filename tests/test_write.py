@@ -183,3 +183,14 @@ def test_in_the_sandbox_a_tty_command_has_a_terminal_of_its_own_and_ctrl_c_reach
     up_write(up, id=shell, text="exit 7\n", wait=0)
     up.wait_ended(shell)
     assert "exit 7" in up.read(shell)[1]
+
+
+def test_the_instructions_and_starts_input_point_a_prompt_to_start_tty_and_write(servers, files, state):
+    server = servers(background_argv(files, state))
+    instructions = server.initialize()["instructions"]
+    assert "gets none from command" in instructions and "with tty" in instructions and "write types" in instructions
+    tools = {tool["name"]: tool for tool in server.request("tools/list", {})["result"]["tools"]}
+    assert {"write", "start", "command"} <= set(tools)
+    assert "tty" in tools["start"]["inputSchema"]["properties"]
+    assert "tty" not in tools["command"]["inputSchema"]["properties"]
+    assert "stays open for write" in tools["start"]["inputSchema"]["properties"]["input"]["description"]

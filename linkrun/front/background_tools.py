@@ -56,6 +56,9 @@ TELL_ON = {"tell_on": {"type": "string", "description": (
     "found meanwhile gathered into the next), such as 'listening on|ERROR'.")}}
 
 
+# start's input: given once, as command's, or else left open for write.
+START_INPUT = {"input": {"type": "string", "description": (
+    "Text for its standard input, given once, then its end; without it, its input stays open for write.")}}
 # start's terminal: a program that needs one (a REPL, a prompt, a debugger), typed into with write.
 TTY = {
     "tty": {"type": "boolean", "description": (
@@ -81,8 +84,8 @@ def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dic
             "description": (f"Start a program as command would, in the background, and answer at once with its id; "
                             f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
                             f"streams as one, goes to {layout.shown_output('<id>')} in the files folder."),
-            "inputSchema": {"type": "object", "properties": {**run_properties, **TTY} if no_way_in else
-                            {**run_properties, **TTY, **TELL_ON},
+            "inputSchema": {"type": "object", "properties": {**run_properties, **START_INPUT, **TTY} if no_way_in else
+                            {**run_properties, **START_INPUT, **TTY, **TELL_ON},
                             "required": ["program"], "additionalProperties": False},
             "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
                              "required": ["id", "output"]},

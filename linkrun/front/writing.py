@@ -67,12 +67,14 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     command_id: str = record["id"]
     with background.output_folder() as folder:
         before = outfile.output_total(folder, background.state, command_id) or 0
-    reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data)
-    if reply is None:
-        raise _no_input(background.reload(command_id))
-    if "error" in reply:
-        raise Refused(f"nothing was written to {command_id}: {reply['error']}")
-    chunk = background.read({"id": command_id, "offset": before}, meta, wait, report)
+    # The output's watch is set before the write, so that no answer comes before it.
+    with background.watcher.watching(wait > 0):
+        reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data)
+        if reply is None:
+            raise _no_input(background.reload(command_id))
+        if "error" in reply:
+            raise Refused(f"nothing was written to {command_id}: {reply['error']}")
+        chunk = background.read({"id": command_id, "offset": before}, meta, wait, report)
     result = read_answer(chunk, before, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))

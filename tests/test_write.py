@@ -5,6 +5,8 @@ and as an ordinary user."""
 
 from __future__ import annotations
 
+import stat
+
 import pytest
 from background_helpers import META, background_argv, start, wait_ended, wait_running
 from conftest import text_of, wait_for
@@ -44,6 +46,8 @@ def test_a_written_line_is_answered_in_the_writes_reply(bg, state):
     command_id = start(bg, program="sh", args=["-c", "read x; echo got $x; read y; echo then $y"])
     wait_running(state, command_id)
     wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    socket_file = (state / (command_id + layout.WRITE)).stat()
+    assert stat.S_ISSOCK(socket_file.st_mode) and stat.S_IMODE(socket_file.st_mode) == 0o600
     first = write(bg, id=command_id, text="it\n", wait=10)
     assert (first["text"], first["offset"], first["written"]) == ("got it\n", 0, 3)
     second = write(bg, id=command_id, text="more\n", wait=10)

@@ -5,11 +5,13 @@ and as an ordinary user."""
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 
 import pytest
 from background_helpers import META, background_argv, start, wait_ended, wait_running
-from conftest import text_of, wait_for
+from conftest import parent_of, pid_alive, text_of, wait_for
 
 from linkrun.state import layout
 from up_harness import META as UP_META
@@ -102,6 +104,15 @@ def test_an_ended_command_and_a_closed_input_are_refused(bg, state):
     closed = start(bg, program="sleep", args=["30"])
     write(bg, id=closed, eof=True, wait=0)
     assert "its input is closed" in refusal(bg, id=closed, text="z\n")
+
+
+def test_a_write_after_its_supervisor_was_killed_is_refused_and_the_command_swept(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got $x"])
+    supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(supervisor), what="the supervisor to die")
+    said = refusal(bg, id=command_id, text="late\n")
+    assert "has ended (lost)" in said and "it takes no more input" in said
 
 
 def test_a_command_that_does_not_read_is_not_waiting(bg, state):

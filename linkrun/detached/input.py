@@ -45,15 +45,17 @@ def socket_path(state_fd: int, command_id: str) -> str:
 class InputPort:
     """The program's input pipe, its write end ours, and the socket serve writes to it through."""
 
-    def __init__(self, state: str, command_id: str, tty: bool = False) -> None:
+    def __init__(self, state: str, command_id: str, tty: bool = False, given: bool = False) -> None:
         self.tty = tty  # its program reads a terminal the sandbox made, fed from our pipe
-        self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC)
-        os.set_blocking(self.write_end, False)
-        self.pipe = os.fstat(self.read_end).st_ino
+        self.given = given  # its input was given at start, as a file: we only say so
+        self.read_end, self.write_end = (-1, -1) if given else os.pipe2(os.O_CLOEXEC)
+        if not given:
+            os.set_blocking(self.write_end, False)
+        self.pipe = 0 if given else os.fstat(self.read_end).st_ino
         self.path = layout.path(state, command_id, SUFFIX)
         self.pending = bytearray()
         self.closing = False  # eof asked: close once pending is written
-        self.closed = False
+        self.closed = given
         self.watch: Watch | None = None
         self.room_wanted = False  # the write end is polled for room
         self.gate_pid = 0
@@ -93,6 +95,8 @@ class InputPort:
     def answer(self, request: dict[str, Any], data: bytes) -> dict[str, Any]:
         if request.get("op") == "look":
             return {"waiting": self.waiting()}
+        if self.given:
+            return {"error": "it was given its input at start (input), then its end"}
         if self.closed or self.closing:
             return {"error": "its input is closed"}
         if len(self.pending) + len(data) > PENDING_MOST:
@@ -133,7 +137,7 @@ class InputPort:
             self.watch.forget(self.write_end)
 
     def close_input(self) -> None:
-        if not self.closed:
+        if not self.closed and self.write_end >= 0:
             self._on_room(None)
             self.closed = True
             os.close(self.write_end)
@@ -203,14 +207,20 @@ def _reads(pid: int, pipe: str, tty: bool) -> bool:
         return False
 
 
-def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, InputPort | None]:
-    """The program's stdin: the input file given at start (read once, then EOF), else an open pipe of ours."""
+def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, InputPort]:
+    """The program's stdin: the input file given at start (read once, then EOF), else an open pipe of ours;
+    and the port that answers writes either way (to say so, for the file)."""
     try:
-        return os.open(layout.path(state, command_id, layout.INPUT), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), None
+        given = os.open(layout.path(state, command_id, layout.INPUT), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         port = InputPort(state, command_id, tty)
         fd, port.read_end = port.read_end, -1  # the caller's to close, once the gate has it
         return fd, port
+    try:
+        return given, InputPort(state, command_id, tty, given=True)
+    except BaseException:
+        os.close(given)
+        raise
 
 
 ASK_WAIT = 2.0  # seconds a supervisor has to answer: it answers from its loop, at once
@@ -218,7 +228,7 @@ ASK_WAIT = 2.0  # seconds a supervisor has to answer: it answers from its loop, 
 
 def ask(state: str, command_id: str, request: dict[str, Any], data: bytes = b"") -> dict[str, Any] | None:
     """serve's side: one request to the command's supervisor, its answer; None when
-    no supervisor listens (the program ended, or its input was given at start)."""
+    no supervisor listens (the program ended, or its supervisor is gone)."""
     state_fd = os.open(state, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as talk:

@@ -96,7 +96,7 @@ class Supervisor:
         self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
         self.output: OutputFile | None = None  # step 2 makes it; the end records what it holds
         self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
-        self.port: InputPort | None = None  # its open input, where no input was given at start
+        self.port: InputPort | None = None  # its input's port: writes reach it there (step 3 makes it)
 
     def run(self) -> int:
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
@@ -288,7 +288,7 @@ class Supervisor:
                 os.close(fd)
             launch.handed_over()
             os.close(stdin)  # the gate holds it now; a file given is removed, fed
-            if self.port is None:
+            if self.port.given:
                 os.unlink(layout.path(self.state, self.id, layout.INPUT))
         return Gate(process, launch, control_w, out_r)
 

@@ -70,7 +70,9 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     # The output's watch is set before the write, so that no answer comes before it.
     with background.watcher.watching(wait > 0):
         reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data)
-        if reply is None:
+        if reply is None:  # it ended, or its supervisor is gone (then a sweep says so now)
+            if not records.is_held(background.state, command_id):
+                background.sweep_one(command_id)
             raise _no_input(background.reload(command_id))
         if "error" in reply:
             raise Refused(f"nothing was written to {command_id}: {reply['error']}")
@@ -123,5 +125,4 @@ def _no_input(record: Record) -> LinkRunError:
     if record["state"] not in records.RUNNING_STATES:
         return Refused(f"{record['id']} has ended ({how_it_ended(record)}): it takes no more input",
                        "start it again to talk to a new one")
-    return Refused(f"{record['id']} takes no input: it was given its input at start (input), then its end",
-                   "start it without input, and write to it")
+    return Refused(f"{record['id']} is ending: it takes no more input", "list shows how it ended")

@@ -14,10 +14,11 @@ A request is a JSON line, then the bytes to write:
 from __future__ import annotations
 
 import errno
-import json
 import os
 import select
 import socket
+
+import orjson
 from collections.abc import Callable
 from typing import Any
 
@@ -88,7 +89,7 @@ class InputPort:
             try:
                 packet = conn.recv(MOST + 4096)
                 head, _, data = packet.partition(b"\n")
-                conn.send(json.dumps(self.answer(json.loads(head), data)).encode())
+                conn.send(orjson.dumps(self.answer(orjson.loads(head), data)))
             except (OSError, ValueError):
                 return  # a caller gone or garbled: nothing was done for it
 
@@ -238,13 +239,13 @@ def ask(state: str, command_id: str, request: dict[str, Any], data: bytes = b"")
                 peer = talk.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
                 if int.from_bytes(peer[4:8], "little") != os.geteuid():
                     return None  # not our supervisor's: nothing is sent to it
-                talk.send(json.dumps(request).encode() + b"\n" + data)
+                talk.send(orjson.dumps(request) + b"\n" + data)
                 reply = talk.recv(4096)
             except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
                 return None
     finally:
         os.close(state_fd)
-    return json.loads(reply) if reply else None
+    return orjson.loads(reply) if reply else None
 
 
 def waiting_for_input(state: str, record: Shown) -> bool:

@@ -1193,9 +1193,16 @@ def startup(files: str):
     measure(files, row)
 
 
+def write(files: str):
+    from bench_write import interactive  # tools/, beside this script
+
+    interactive(files, globals())
+
+
 GROUPS = {"foundation": foundation, "sandbox": sandbox, "background": background, "told": told,
           "proxy": proxy_group, "faults": faults, "agents": agents, "startup": startup,
-          "repositories": repositories, "kept": kept, "lines": lines}
+          "repositories": repositories, "kept": kept, "lines": lines,
+          "write": write}
 
 
 README_GROUPS = ("sandbox", "proxy", "background", "agents")  # the groups whose figures README's table shows

@@ -22,6 +22,7 @@ from . import admission, outfile
 from .. import config
 from ..sandboxing import beneath
 from ..state import layout, records
+from .input import on_terminal, terminal_size, waiting_for_input
 from .outfile import ReadChunk
 from .watch import Watcher
 from ..config import Serve
@@ -96,6 +97,7 @@ class Background:
     def start(self, request: Request, argv_tail: list[str], arguments: dict[str, Any], meta: dict[str, Any]) -> str:
         """The new command's id."""
         thread, hops = self.conversation(meta)
+        terminal_size(arguments)  # refused now, before anything is made, when its size is not one
         if arguments.get("tell_on") is not None:
             from .lines import compile_pattern
 
@@ -170,13 +172,16 @@ class Background:
     def new_record(self, command_id: str, request: Request, argv_tail: list[str], arguments: dict[str, Any], thread: str,
                    hops: int) -> Record:
         s, b = self.settings, self.b
+        tty = terminal_size(arguments)
+        if tty is not None:
+            argv_tail = on_terminal(argv_tail, tty)
         return records.new_record(
             command_id, argv=list(s.sandbox), write=list(s.write),
             proxy=os.path.join(self.state, layout.PROXY_FOLDER) if s.proxy else None, seccomp=s.seccomp,
             files=s.files, folder=request.folder, program=arguments["program"], args=list(request.args),
             program_argv=argv_tail, timeout=b.timeout, output=s.output, background_output=b.output,
             keep=b.keep, way_in=b.way_in, agent=b.agent, keyring=b.keyring, thread=thread, hops=hops,
-            limits=s.limits.as_record() if s.limits is not None else None, tell_on=arguments.get("tell_on"))
+            limits=s.limits.as_record() if s.limits is not None else None, tell_on=arguments.get("tell_on"), tty=tty)
 
     def spawn_supervisor(self, command_id: str, lock_fd: int) -> int:
         log = os.open(layout.path(self.state, command_id, layout.LOG),
@@ -301,6 +306,7 @@ class Background:
         }
         if unreadable is not None:
             entry["unreadable"] = unreadable
+        entry["waiting"] = waiting_for_input(self.state, record)
         return entry
 
     def read(self, arguments: dict[str, Any], meta: dict[str, Any], wait: float,

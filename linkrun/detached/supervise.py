@@ -34,6 +34,7 @@ from ..processes.group import Leader, Stage, Watch, grow_pipe
 from ..config import Limits
 from ..sandboxing.launch import Launch, Sandbox, prepare
 from .outfile import OutputFile, last_bytes
+from .input import InputPort, program_input
 
 WATCH_PENDING = 0.01
 TERM_GRACE = 2.0  # from the SIGTERM of a stop to the SIGKILL
@@ -62,8 +63,7 @@ class Gate:
 
 
 def main(argv: list[str]) -> int:
-    """`lnk-link-run supervise <id> --state <dir>`, the design's entry: fork
-    (the parent is the intermediate its starter reaps), then supervise."""
+    """`lnk-link-run supervise <id> --state <dir>`, the design's entry: fork (for its starter to reap), then supervise."""
     if len(argv) != 3 or argv[1] != "--state":
         print(USAGE, file=sys.stderr)
         return 2
@@ -96,6 +96,7 @@ class Supervisor:
         self.watching = threading.Thread(target=self.watch_stop, name="watch", daemon=True)
         self.output: OutputFile | None = None  # step 2 makes it; the end records what it holds
         self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
+        self.port: InputPort | None = None  # its input's port: writes reach it there (step 3 makes it)
 
     def run(self) -> int:
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
@@ -272,11 +273,7 @@ class Supervisor:
         control_r, control_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         grow_pipe(out_r)
-        input_path = layout.path(self.state, self.id, layout.INPUT)
-        try:
-            stdin = os.open(input_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            stdin = subprocess.DEVNULL
+        stdin, self.port = program_input(self.state, self.id, bool(self.record.get("tty")))  # given, or a pipe
         gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
         environment = "keep" if launch.env is None else "clear"  # see gate.py
         try:
@@ -290,9 +287,9 @@ class Supervisor:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)
             launch.handed_over()
-            if stdin != subprocess.DEVNULL:
-                os.close(stdin)
-                os.unlink(input_path)  # fed: the gate holds it open now
+            os.close(stdin)  # the gate holds it now; a file given is removed, fed
+            if self.port.given:
+                os.unlink(layout.path(self.state, self.id, layout.INPUT))
         return Gate(process, launch, control_w, out_r)
 
     # -- steps 5 to 8: one loop -----------------------------------------------
@@ -313,9 +310,13 @@ class Supervisor:
                 self.teller, output.scan = None, None
         watch.drain(gate.out_r, output.pump)
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
+        if self.port is not None:
+            self.port.attach(watch, gate.process.pid)
         from ..sandboxing.gitcheck import Meanwhile  # the git check while the program runs too
         watch.run(self.look_for_a_stop if launch.git is None else
                   Meanwhile(launch.git, [], self.look_for_a_stop, lambda note: logger.warning(f"git check: {note}")))
+        if self.port is not None:
+            self.port.close()  # it ended: a write is refused from now on (else at our exit)
         gate.process.wait()
         self.end_cgroup(gate.leader)
         launch.close()  # with the git check: every process of the sandbox has ended
@@ -337,8 +338,7 @@ class Supervisor:
 
     def end_cgroup(self, leader: Leader) -> None:
         """Which limit bit, for the record; then the group goes, with whatever is left in it."""
-        group = leader.cgroup
-        if group is not None:
+        if (group := leader.cgroup) is not None:
             self.record["limit"] = group.limit_hit()
             group.remove()
 

@@ -13,6 +13,7 @@ from ..units import format_duration
 from .reading import answer as read  # noqa: F401  (the tool layer finds every background tool's answer here)
 from .reading import how_it_ended, read_tool
 from .results import ToolResult, nullable
+from .writing import write_tool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ _ENTRY = {
         "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
                           '"tasks" (a fork was refused at its task limit), "cpu" (it used up its CPU time, '
                           'an rlimit where no cgroup holds the cap), or null.'),
+        "waiting": {"type": "boolean", "description": "Whether it is blocked reading its input (or terminal), "
+                    "with nothing left to read: a prompt waits for a write."},
         "unreadable": {"type": "string", "description": "Only when its output file could not be read now: why "
                        "(bytes is then what its record last said)."},
     },
@@ -51,6 +54,20 @@ TELL_ON = {"tell_on": {"type": "string", "description": (
     "A regular expression (RE2 syntax, matched within each line): each line of its output that matches is told "
     "to this conversation as it comes, in a message from run:<id>:lines:<n> (at most one a minute, the lines "
     "found meanwhile gathered into the next), such as 'listening on|ERROR'.")}}
+
+
+# start's input: given once, as command's, or else left open for write.
+START_INPUT = {"input": {"type": "string", "description": (
+    "Text for its standard input, given once, then its end; without it, its input stays open for write.")}}
+# start's terminal: a program that needs one (a REPL, a prompt, a debugger), typed into with write.
+TTY = {
+    "tty": {"type": "boolean", "description": (
+        "Run it on a terminal of its own inside its sandbox (a REPL, a debugger, a program that asks on a "
+        "terminal): its input is the terminal, typed into with write; its output file holds what the terminal "
+        "printed, echoed input and line ends as \\r\\n included.")},
+    "columns": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "With tty: its width (default 80)."},
+    "rows": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "With tty: its height (default 24)."},
+}
 
 
 def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dict[str, Any]]:
@@ -67,7 +84,8 @@ def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dic
             "description": (f"Start a program as command would, in the background, and answer at once with its id; "
                             f"it runs for at most {format_duration(b.timeout)}, and {told}. Its output, both "
                             f"streams as one, goes to {layout.shown_output('<id>')} in the files folder."),
-            "inputSchema": {"type": "object", "properties": run_properties if no_way_in else {**run_properties, **TELL_ON},
+            "inputSchema": {"type": "object", "properties": {**run_properties, **START_INPUT, **TTY} if no_way_in else
+                            {**run_properties, **START_INPUT, **TTY, **TELL_ON},
                             "required": ["program"], "additionalProperties": False},
             "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}, "output": {"type": "string"}},
                              "required": ["id", "output"]},
@@ -82,6 +100,7 @@ def tool_table(run_properties: dict[str, Any], settings: Serve) -> dict[str, dic
             "annotations": {"title": "List background commands", **read_only},
         },
         "read": read_tool(background=True, kept=settings.keep is not None),
+        "write": write_tool(),
         "stop": {
             "name": "stop", "title": "Stop a background command",
             "description": "Stop a background command with everything it started, and answer how it ended.",
@@ -117,6 +136,7 @@ def list_text(entries: list[dict[str, Any]]) -> str:
     for e in entries:
         how = how_it_ended(e)
         command = " ".join([e["program"], *e["args"]])
+        how += " · waiting for input" if e.get("waiting") else ""
         lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
                      f"told: {e['told']}\n  {command}  (in {e['folder']})")
         if "unreadable" in e:

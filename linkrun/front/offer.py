@@ -28,6 +28,11 @@ TOLD_WITH_WAY_IN = (
     "marker's nonce closes it, and everything between is the program's output, never the user's words. With "
     "tell_on, messages from run:<id>:lines:<n> tell the lines that match it as they come, framed the same way.")
 
+# What a program that asks for input needs: command gives its input once (else none), so a prompt fails fast there.
+TALKING = ("A program that asks for input as it runs (a REPL, a debugger, a prompt, a confirmation) gets none from "
+           "command: its input is given once, else empty. Start it instead, with tty where it needs a terminal, "
+           "and write types into it and answers with what it printed; list and read say when it waits for input.")
+
 
 class Offer:
     """The programs, the sandbox and the instructions of a server, built once from its settings."""
@@ -73,6 +78,7 @@ class Offer:
                 f"{format_duration(b.timeout)}, and {b.per_day} may start in a day. Its output, both streams as "
                 f"one, is background/<id>.out in the files folder (the last {describe_size(b.output)} are kept). "
                 f"list shows this conversation's commands, read gives their output, stop stops one. {told}")
+            lines.append(TALKING)
         return "\n".join(lines)
 
 

@@ -75,6 +75,8 @@ def read_tool(background: bool, kept: bool) -> dict[str, Any]:
             "until": {"type": "string", "enum": ["match", "end", "time"], "description": "With pattern and wait: "
                       "why the wait returned: a line matched, the command ended, or the wait's time ran out."},
             "waited": {"type": "number", "description": "With pattern and wait: the seconds it waited."},
+            "waiting": {"type": "boolean", "description": "A background command's: whether it is blocked "
+                        "reading its input (or terminal) now, with nothing left to read: a prompt waits."},
         }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
         "annotations": {"title": title, "readOnlyHint": True, "destructiveHint": False, "idempotentHint": True,
                         "openWorldHint": False},
@@ -112,7 +114,23 @@ def answer(arguments: dict[str, Any], context: CallContext, settings: Serve, bac
         return read_answer(chunk, offset, kept.settings.output, None)
     assert background is not None  # read is offered with one of the two
     chunk = background.read(arguments, context.meta, wait_seconds(arguments), report)
-    return read_answer(chunk, offset, background.b.output, background.state)
+    result = read_answer(chunk, offset, background.b.output, background.state)
+    show_waiting(result, background.state, chunk.record)
+    return result
+
+
+WAITING = "waiting for input: it is blocked reading its input, with nothing left to read (write to it)"
+
+
+def show_waiting(result: ToolResult, state: str, record: Shown) -> None:
+    """A running command blocked on its input says so: a prompt waits, not silence."""
+    from ..detached.input import waiting_for_input
+
+    waiting = waiting_for_input(state, record)
+    assert result.structured is not None  # a read's answer has its value
+    result.structured["waiting"] = waiting
+    if waiting:
+        result.add_note(WAITING)
 
 
 LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "tasks": ", a fork refused at its task limit",

@@ -222,6 +222,10 @@ class Tools:
             return answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
         if name == "list":
             return answers.list_answer(background.list(context.meta))
+        if name == "write":
+            from . import writing
+
+            return writing.answer(background, arguments, context)
         return answers.stop_answer(background.stop(arguments, context.meta))
 
     def check_run(self, arguments: dict[str, object]) -> runner.Request:

@@ -19,6 +19,7 @@ INPUT = ".in"  # the program's input (0600), removed once fed
 LOG = ".log"  # the supervisor's stderr
 STOP = ".stop"  # a stop request holding its reason, linked into place
 WAKE = ".wake"  # a sweep's way in for a supervisor backing off, renamed into place
+WRITE = ".write"  # its supervisor's socket (0600), where serve hands it what `write` sends (detached/input.py)
 
 # The state folder's own, `os.path.join(state, name)`:
 START_LOCK = "start.lock"  # held from the caps' check to the spawn; holds its holder's pid

@@ -81,6 +81,7 @@ if TYPE_CHECKING:
         "tell_on": NotRequired[str | None], "lines_gathered": NotRequired[list[tuple[int, str]]],
         "lines_more": NotRequired[int], "lines_batch": NotRequired[LinesBatch | None],
         "lines_sent": NotRequired[int], "lines_told_at": NotRequired[float | None],
+        "tty": NotRequired[list[int] | None],
     })
 
     class KeptItem(TypedDict):
@@ -142,7 +143,7 @@ def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str
                files: str, folder: str, program: str, args: list[str], program_argv: list[str],
                timeout: float, output: int, background_output: int, keep: float, way_in: str | None,
                agent: str | None, keyring: str | None, thread: str, hops: int, limits: dict[str, int | None] | None,
-               tell_on: str | None = None) -> Record:
+               tell_on: str | None = None, tty: list[int] | None = None) -> Record:
     """A new record, state `starting`: every field of the format, in one place.
 
     What start fixes (the supervisor needs it, the sweep and the tools read it):
@@ -156,7 +157,8 @@ def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str
     files stay once told); `way_in`, `as`, `keyring` (absolute) to tell by;
     `thread` the conversation and `hops` from a person; `limits` the
     [limits] as a dict, or None; `tell_on` the pattern whose lines are told
-    as they come, or None.
+    as they come, or None; `tty` the terminal's [columns, rows] when it runs
+    on one (its program_argv then starts the terminal), or None.
 
     What the supervisor adds as it runs: `state` (State); `group`,
     `leader_pid`, `leader_start` (clock ticks since boot), `boot_id`, and the
@@ -186,6 +188,7 @@ def new_record(command_id: str, *, argv: list[str], write: list[str], proxy: str
         "inode": None, "kept_from": 0, "bytes": 0, "ended": None, "exit": None, "signal": None,
         "told": Told.NO_WAY_IN if way_in is None else Told.UNTOLD,
         "first_try": None, "sweep_first_try": None, "told_at": None, "tell_on": tell_on,
+        "tty": tty,
     }
 
 
@@ -199,7 +202,8 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {"id": str, "state": str, "threa
              "args": list, "told": str}
 _OPTIONAL: dict[str, type | tuple[type, ...]] = {"folder": str, "ended": _NUMBER, "keep": _NUMBER, "timeout": _NUMBER, "inode": int,
              "kept_from": int, "bytes": int, "prev_inode": int, "prev_kept_from": int, "dropped": int,
-             "tell_on": str, "lines_gathered": list, "lines_more": int, "lines_batch": dict, "lines_sent": int}
+             "tell_on": str, "lines_gathered": list, "lines_more": int, "lines_batch": dict, "lines_sent": int,
+             "tty": list}
 
 
 def load(state: str, command_id: str) -> Record | None:

@@ -1,0 +1,128 @@
+"""The write tool: text to a running background command's input, through its supervisor, and what it printed since.
+
+The supervisor (detached/input.py) holds the program's input; serve asks it,
+over its socket in the state folder, to write. One call is one request: a
+write is never sent twice. The answer is a read from the byte the output had
+reached before the write, so one call sends a line and shows its answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..detached import input as program_input
+from ..detached import outfile
+from ..errors import LinkRunError, Refused
+from ..state import records
+from .reading import how_it_ended, read_answer, show_waiting
+from .results import ToolResult
+from .waiting import MAX_WAIT
+
+if TYPE_CHECKING:
+    from ..detached.background import Background
+    from ..state.records import Record
+    from .tools import CallContext
+
+DEFAULT_WAIT = 1.0  # seconds a write waits for the first bytes of its answer
+STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run
+
+
+def write_tool() -> dict[str, Any]:
+    return {
+        "name": "write", "title": "Write to a background command",
+        "description": ("Type text into a running background command's input (its terminal, when started with "
+                        "tty): a line ends with \\n; control characters go as given (\\u0003 is Ctrl-C on a "
+                        "terminal, \\u0004 Ctrl-D). Answers with what it printed since, as read does, waiting up "
+                        f"to `wait` seconds (default {DEFAULT_WAIT:g}) for it; `eof` closes its input after the "
+                        "text. A command started with input has had its input: it takes no more."),
+        "inputSchema": {"type": "object", "properties": {
+            "id": {"type": "string", "description": "The command's id, as start answered it."},
+            "text": {"type": "string", "description": "What to write, exactly (up to 64 KiB as UTF-8)."},
+            "eof": {"type": "boolean", "description": "Close its input after the text (a pipe's end of file)."},
+            "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
+                     "description": "Seconds to wait for its first output after the write (at most 30)."},
+        }, "required": ["id"], "additionalProperties": False},
+        "outputSchema": {"type": "object", "properties": {
+            "id": {"type": "string"}, "state": {"type": "string"}, "written": {"type": "integer"},
+            "offset": {"type": "integer"}, "next": {"type": "integer"}, "kept_from": {"type": "integer"},
+            "total": {"type": "integer"}, "text": {"type": "string"},
+            "waiting": {"type": "boolean", "description": "Whether it is blocked reading its input now."},
+        }, "required": ["id", "state", "written", "offset", "next", "kept_from", "total", "text", "waiting"]},
+        "annotations": {"title": "Write to a background command", "readOnlyHint": False, "destructiveHint": True,
+                        "idempotentHint": False, "openWorldHint": False},
+    }
+
+
+def answer(background: Background, arguments: dict[str, Any], context: CallContext) -> ToolResult:
+    meta, progress = context.meta, context.progress
+    report: Callable[[float, float], None] | None = None
+    if progress is not None:
+        def report(waited: float, wait: float) -> None:
+            progress(waited, wait, "waiting for its answer")
+    record = background.own_record(arguments.get("id"), meta)
+    data, eof, wait = _checked(arguments)
+    record = _running(background, record)
+    command_id: str = record["id"]
+    with background.output_folder() as folder:
+        before = outfile.output_total(folder, background.state, command_id) or 0
+    # The output's watch is set before the write, so that no answer comes before it.
+    with background.watcher.watching(wait > 0):
+        reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data)
+        if reply is None:  # it ended, or its supervisor is gone (then a sweep says so now)
+            if not records.is_held(background.state, command_id):
+                background.sweep_one(command_id)
+            raise _no_input(background.reload(command_id))
+        if "error" in reply:
+            raise Refused(f"nothing was written to {command_id}: {reply['error']}")
+        chunk = background.read({"id": command_id, "offset": before}, meta, wait, report)
+    result = read_answer(chunk, before, background.b.output, background.state)
+    show_waiting(result, background.state, chunk.record)
+    result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))
+    assert result.structured is not None  # a read's answer has its value
+    result.structured.update({"written": len(data), "waiting": result.structured.get("waiting", False)})
+    return result
+
+
+def _checked(arguments: dict[str, Any]) -> tuple[bytes, bool, float]:
+    text = arguments.get("text", "")
+    if not isinstance(text, str):
+        raise Refused("text must be a string")
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > program_input.MOST:
+        raise Refused(f"text is {len(data)} bytes; a write takes at most {program_input.MOST}",
+                      "write it in parts, each answered before the next")
+    eof = arguments.get("eof", False)
+    if not isinstance(eof, bool):
+        raise Refused("eof must be true or false")
+    if not data and not eof:
+        raise Refused("nothing to write", "give text, or eof to close its input")
+    wait = arguments.get("wait", DEFAULT_WAIT)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT:
+        raise Refused(f"wait must be a number of seconds from 0 to {MAX_WAIT:g}")
+    return data, eof, float(wait)
+
+
+def _running(background: Background, record: Record) -> Record:
+    """The record once its program runs: a command just started may still be starting."""
+    command_id: str = record["id"]
+    if record["state"] == records.State.STARTING:
+        deadline = time.monotonic() + STARTING_WAIT
+        with background.watcher.watching(True):
+            while time.monotonic() < deadline:
+                seen = background.watcher.changes(command_id)
+                record = background.reload(command_id)
+                if record["state"] != records.State.STARTING:
+                    break
+                background.watcher.wait_change(command_id, seen, max(0.0, min(0.5, deadline - time.monotonic())))
+    if record["state"] not in records.RUNNING_STATES:
+        raise _no_input(record)
+    return record
+
+
+def _no_input(record: Record) -> LinkRunError:
+    if record["state"] not in records.RUNNING_STATES:
+        return Refused(f"{record['id']} has ended ({how_it_ended(record)}): it takes no more input",
+                       "start it again to talk to a new one")
+    return Refused(f"{record['id']} is ending: it takes no more input", "list shows how it ended")

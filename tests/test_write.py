@@ -1,0 +1,212 @@
+"""`write`: text to a running background command's input through its
+supervisor, its answer in the reply, and waiting for input shown; with real
+supervisors, through a pass-through sandbox, then in the real sandbox as root
+and as an ordinary user."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+
+import pytest
+from background_helpers import META, background_argv, start, wait_ended, wait_running
+from conftest import parent_of, pid_alive, text_of, wait_for
+
+from linkrun.state import layout
+from up_harness import META as UP_META
+
+OTHER = {"link.local/thread": "conversation-2"}
+
+
+@pytest.fixture
+def bg(servers, files, state):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    return server
+
+
+def write(server, meta=META, **arguments: object) -> dict:
+    """A write's answer, which must not be an error."""
+    result = server.call("write", arguments, meta=meta)
+    assert "isError" not in result, text_of(result)
+    return result["structuredContent"]
+
+
+def refusal(server, meta=META, **arguments: object) -> str:
+    result = server.call("write", arguments, meta=meta)
+    assert result.get("isError"), text_of(result)
+    return text_of(result)
+
+
+def listed(server, command_id: str) -> dict:
+    entries = server.call("list", {}, meta=META)["structuredContent"]["commands"]
+    return next(e for e in entries if e["id"] == command_id)
+
+
+def test_a_written_line_is_answered_in_the_writes_reply(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got $x; read y; echo then $y"])
+    wait_running(state, command_id)
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    socket_file = (state / (command_id + layout.WRITE)).stat()
+    assert stat.S_ISSOCK(socket_file.st_mode) and stat.S_IMODE(socket_file.st_mode) == 0o600
+    first = write(bg, id=command_id, text="it\n", wait=10)
+    assert (first["text"], first["offset"], first["written"]) == ("got it\n", 0, 3)
+    second = write(bg, id=command_id, text="more\n", wait=10)
+    assert (second["text"], second["offset"]) == ("then more\n", first["next"])
+    ended = wait_ended(state, command_id)
+    assert ended["exit"] == 0
+    assert not (state / (command_id + layout.WRITE)).exists()
+
+
+def test_python_keeps_a_variable_across_three_writes(bg, state):
+    command_id = start(bg, program="python3", args=["-u", "-i", "-q"])
+    write(bg, id=command_id, text="x = 20\n", wait=0)
+    write(bg, id=command_id, text="x += 22\n", wait=0)
+    answer = write(bg, id=command_id, text="print('x is', x)\n", wait=10)
+    seen = answer["text"]
+    while "x is 42" not in seen:  # the prompts come on the same stream, in any order of writes
+        more = bg.call("read", {"id": command_id, "offset": answer["next"], "wait": 10}, meta=META)
+        assert more["structuredContent"]["next"] > answer["next"], seen
+        answer = more["structuredContent"]
+        seen += answer["text"]
+    write(bg, id=command_id, eof=True, wait=0)
+    assert wait_ended(state, command_id)["exit"] == 0
+
+
+def test_bytes_go_as_given_and_eof_closes_the_input(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "od -An -tx1"])
+    answer = write(bg, id=command_id, text="\u0003\u001b[A é", eof=True, wait=10)
+    assert "written" in answer
+    ended = wait_ended(state, command_id)
+    assert ended["exit"] == 0
+    text = bg.call("read", {"id": command_id, "offset": 0}, meta=META)["structuredContent"]["text"]
+    assert text.split() == ["03", "1b", "5b", "41", "20", "c3", "a9"]
+
+
+def test_another_conversations_id_is_unknown_and_nothing_is_written(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got $x"])
+    wait_running(state, command_id)
+    said = refusal(bg, OTHER, id=command_id, text="intruder\n")
+    assert "no command of this conversation's" in said
+    answer = write(bg, id=command_id, text="owner\n", wait=10)
+    assert answer["text"] == "got owner\n"
+
+
+def test_an_ended_command_and_a_closed_input_are_refused(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got $x"])
+    write(bg, id=command_id, text="one\n", eof=True, wait=10)
+    wait_ended(state, command_id)
+    assert "has ended (exited (exit 0)): it takes no more input" in refusal(bg, id=command_id, text="two\n")
+    given = start(bg, program="sleep", args=["30"], input="x\n")
+    wait_running(state, given)
+    assert "it was given its input at start" in refusal(bg, id=given, text="y\n")
+    closed = start(bg, program="sleep", args=["30"])
+    write(bg, id=closed, eof=True, wait=0)
+    assert "its input is closed" in refusal(bg, id=closed, text="z\n")
+
+
+def test_a_write_after_its_supervisor_was_killed_is_refused_and_the_command_swept(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got $x"])
+    supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(supervisor), what="the supervisor to die")
+    said = refusal(bg, id=command_id, text="late\n")
+    assert "has ended (lost)" in said and "it takes no more input" in said
+
+
+def test_a_command_that_does_not_read_is_not_waiting(bg, state):
+    command_id = start(bg, program="sleep", args=["30"])
+    wait_running(state, command_id)
+    assert listed(bg, command_id)["waiting"] is False
+    reader = start(bg, program="sh", args=["-c", "read x"])
+    wait_for(lambda: listed(bg, reader)["waiting"], what="the reader to wait")
+    read = bg.call("read", {"id": reader}, meta=META)
+    assert "waiting for input" in text_of(read)
+
+
+def up_write(up, **arguments: object) -> dict:
+    result = up.server.call("write", arguments, meta=UP_META, timeout=60)
+    assert not result.get("isError"), text_of(result)
+    return result["structuredContent"]
+
+
+def answered(up, command_id: str, answer: dict, wanted: str) -> str:
+    """The output from the answer's offset until `wanted` shows."""
+    seen, offset = answer["text"], answer["next"]
+    while wanted not in seen:
+        value, _ = up.read(command_id, offset, wait=10)
+        assert value["next"] > offset, seen
+        seen, offset = seen + value["text"], value["next"]
+    return seen
+
+
+def test_in_the_sandbox_a_python_session_keeps_its_state_and_a_prompt_is_answered(up_as):
+    up = up_as
+    session = up.start("python3", "-u", "-i", "-q")
+    for line in ("x = 20\n", "x += 22\n"):
+        up_write(up, id=session, text=line, wait=0)
+    assert "x is 42" in answered(up, session, up_write(up, id=session, text="print('x is', x)\n", wait=10), "x is 42")
+    prompt = up.start("sh", "-c", "read x; echo got $x")
+    wait_for(lambda: up.read(prompt)[0]["waiting"], what="the prompt to wait for its input")
+    assert answered(up, prompt, up_write(up, id=prompt, text="it\n", wait=10), "got it") == "got it\n"
+    up.wait_ended(prompt)
+    ended = up.server.call("write", {"id": prompt, "text": "again\n"}, meta=UP_META)
+    assert ended.get("isError") and "it takes no more input" in text_of(ended)
+    other = up.server.call("write", {"id": session, "text": "x = 0\n"}, meta=OTHER)
+    assert other.get("isError") and "no command of this conversation's" in text_of(other)
+    plain = up.start("python3", "-c", "import sys; print('a terminal' if sys.stdin.isatty() else 'no terminal')")
+    up.wait_ended(plain)
+    assert up.read_all(plain).endswith("no terminal\n")
+    up_write(up, id=session, eof=True, wait=0)
+    up.wait_ended(session)
+
+
+def up_start(up, program: str, *args: str, **arguments: object) -> str:
+    result = up.server.call("start", {"program": program, "args": list(args), **arguments}, meta=UP_META, timeout=60)
+    assert not result.get("isError"), text_of(result)
+    return result["structuredContent"]["id"]
+
+
+ON_A_TERMINAL = """
+import fcntl, os, sys, termios
+print('a terminal' if sys.stdin.isatty() else 'no terminal', os.get_terminal_size(0))
+print('pts', sorted(os.listdir('/dev/pts')))
+for name, request, argument in (('TIOCSTI', termios.TIOCSTI, b'x'), ('TIOCLINUX', 0x541C, bytes([6, 0]))):
+    try:
+        fcntl.ioctl(0, request, argument)
+        print(name, 'taken')
+    except OSError as problem:
+        print(name, 'refused', problem.errno)
+"""
+
+
+def test_in_the_sandbox_a_tty_command_has_a_terminal_of_its_own_and_ctrl_c_reaches_it(up_as):
+    up = up_as
+    probe = up_start(up, "python3", "-c", ON_A_TERMINAL, tty=True, columns=100, rows=30)
+    up.wait_ended(probe)
+    printed = up.read_all(probe)
+    assert "a terminal os.terminal_size(columns=100, lines=30)\r\n" in printed
+    assert "pts ['0', 'ptmx']\r\n" in printed  # the sandbox's own devpts: its one terminal, none of the host's
+    assert "TIOCSTI refused 1\r\n" in printed and "TIOCLINUX refused 1\r\n" in printed  # EPERM: the filter
+    shell = up_start(up, "sh", tty=True)
+    wait_for(lambda: up.read(shell)[0]["waiting"], what="the shell to wait at its prompt")
+    up_write(up, id=shell, text="sleep 100\n", wait=0)
+    wait_for(lambda: up.read(shell)[0]["waiting"] is False, what="sleep to run")
+    up_write(up, id=shell, text="\u0003", wait=0)
+    wait_for(lambda: up.read(shell)[0]["waiting"], what="the shell to be back at its prompt")
+    assert "alive" in answered(up, shell, up_write(up, id=shell, text="echo ali''ve\n", wait=10), "alive\r\n")
+    up_write(up, id=shell, text="exit 7\n", wait=0)
+    up.wait_ended(shell)
+    assert "exit 7" in up.read(shell)[1]
+
+
+def test_the_instructions_and_starts_input_point_a_prompt_to_start_tty_and_write(servers, files, state):
+    server = servers(background_argv(files, state))
+    instructions = server.initialize()["instructions"]
+    assert "gets none from command" in instructions and "with tty" in instructions and "write types" in instructions
+    tools = {tool["name"]: tool for tool in server.request("tools/list", {})["result"]["tools"]}
+    assert {"write", "start", "command"} <= set(tools)
+    assert "tty" in tools["start"]["inputSchema"]["properties"]
+    assert "tty" not in tools["command"]["inputSchema"]["properties"]
+    assert "stays open for write" in tools["start"]["inputSchema"]["properties"]["input"]["description"]

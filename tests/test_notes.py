@@ -69,7 +69,7 @@ def background(servers, files, state) -> Client:
 
 def test_every_tool_declares_its_notes_in_its_output_schema(background):
     client = background
-    assert sorted(client.tools) == ["command", "list", "read", "start", "stop"]
+    assert sorted(client.tools) == ["command", "list", "read", "start", "stop", "write"]
     for tool in client.tools.values():
         notes = tool["outputSchema"]["properties"]["notes"]
         assert notes["type"] == "array" and notes["items"] == {"type": "string"}, tool["name"]

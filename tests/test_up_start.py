@@ -41,7 +41,7 @@ def test_up_answers_the_handshake_while_its_checks_wait_and_holds_only_the_calls
         server = servers(SERVER + ["up", "--agent", str(box.root), *NO_WAY_IN], env=box.env)
         assert "command tool" in server.initialize()["instructions"]
         names = sorted(tool["name"] for tool in server.request("tools/list")["result"]["tools"])
-        assert names == ["command", "list", "read", "start", "stop"]
+        assert names == ["command", "list", "read", "start", "stop", "write"]
         server.send({"jsonrpc": "2.0", "id": "held", "method": "tools/call",
                      "params": {"name": "command", "arguments": {"program": "sh", "args": ["-c", "echo ran"]}}})
         # A tool that runs nothing in the sandbox is answered meanwhile; the held call is not.

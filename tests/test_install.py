@@ -94,7 +94,7 @@ def test_the_installed_command_serves_a_sandboxed_call_and_its_doctor_runs(insta
         server.kill()
         raise AssertionError(f"the installed up did not start: {server.stderr.decode(errors='replace')}") from None
     names = [tool["name"] for tool in server.request("tools/list")["result"]["tools"]]
-    assert names == ["command", "start", "list", "read", "stop"]
+    assert names == ["command", "start", "list", "read", "write", "stop"]
     result = server.call("command", {"program": "sh", "args": [
         "-c", "pwd; echo hi > work/hi && cat work/hi; (: > x) 2>/dev/null || echo read-only"]}, timeout=60)
     assert not result.get("isError") and result["structuredContent"]["exit"] == 0, text_of(result)

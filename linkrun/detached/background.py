@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .. import logger
-from . import admission, outfile
+from . import admission, outread
 from .. import config
 from ..sandboxing import beneath
 from ..state import layout, records
 from .input import on_terminal, terminal_size, waiting_for_input
-from .outfile import ReadChunk
+from .outread import ReadChunk
 from .watch import Watcher
 from ..config import Serve
 from ..errors import LinkRunError, Refused
@@ -292,10 +292,10 @@ class Background:
         total, unreadable = record.get("bytes") or 0, None
         if record["state"] in records.RUNNING_STATES and folder is not None:
             try:
-                total = outfile.output_total(folder, self.state, record["id"]) or total
+                total = outread.output_total(folder, self.state, record["id"]) or total
             except Refused as refused:  # a link planted on the host: this entry says so, not the whole list
                 unreadable = refused.message
-            except (OSError, outfile.Removed):
+            except (OSError, outread.Removed):
                 pass
         entry = {
             "id": record["id"], "program": record["program"], "args": record["args"],
@@ -335,8 +335,8 @@ class Background:
 
     def read_once(self, folder: int, command_id: str, offset: int | None) -> ReadChunk:
         try:
-            return outfile.read_once(folder, self.state, command_id, offset, self.settings.output)
-        except outfile.Removed:
+            return outread.read_once(folder, self.state, command_id, offset, self.settings.output)
+        except outread.Removed:
             raise Refused(UNKNOWN.format(id=command_id)) from None
 
     @contextlib.contextmanager

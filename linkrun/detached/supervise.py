@@ -33,7 +33,8 @@ from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch, grow_pipe
 from ..config import Limits
 from ..sandboxing.launch import Launch, Sandbox, prepare
-from .outfile import OutputFile, last_bytes
+from .outfile import OutputFile
+from .outread import last_bytes
 from .input import InputPort, program_input
 
 WATCH_PENDING = 0.01

@@ -19,7 +19,7 @@ from ..state import filing, layout, records
 from ..messages import telling
 from ..messages.wayin import DeliveryOutcome  # the sweep tells: it loads the sender anyway
 from ..state.records import State, Told
-from .outfile import last_bytes, measure
+from .outread import last_bytes, measure
 from ..config import split_flags, way_in_flags
 from ..errors import LinkRunError, UsageError
 from ..invocation import typed
@@ -299,7 +299,7 @@ def remove_files(state: str, record: Record, names: list[str] | None = None) -> 
         if name.startswith(command_id + ".") and name != command_id + layout.LOCK:
             _unlink(os.path.join(state, name))
     try:
-        from .outfile import open_background
+        from .outread import open_background
 
         folder = open_background(record["files"])
     except OSError:

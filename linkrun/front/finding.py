@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..detached import outfile
+from ..detached import outread
 from ..detached.lines import SCAN_SECONDS, Found, LineRange, compile_pattern, parse_range, scan
 from ..errors import Refused
 from .kept import is_kept_id
@@ -64,7 +64,7 @@ def _wait(arguments: dict[str, Any]) -> float:
 
 
 @contextlib.contextmanager
-def _look(item_id: object, meta: dict[str, Any], background: Background | None, kept: Kept | None) -> Iterator[outfile.Look]:
+def _look(item_id: object, meta: dict[str, Any], background: Background | None, kept: Kept | None) -> Iterator[outread.Look]:
     """The output's file, open, with where it starts: kept output by the id's form, else a background command's."""
     if kept is not None and (background is None or is_kept_id(item_id)):
         with kept.opened(item_id, meta) as look:
@@ -76,9 +76,9 @@ def _look(item_id: object, meta: dict[str, Any], background: Background | None, 
 
     with background.output_folder() as folder:
         try:
-            with outfile.looked_at(folder, background.state, record["id"]) as look:
+            with outread.looked_at(folder, background.state, record["id"]) as look:
                 yield look
-        except outfile.Removed:
+        except outread.Removed:
             raise Refused(UNKNOWN.format(id=item_id)) from None
 
 

@@ -33,7 +33,7 @@ import orjson
 from .. import logger
 from ..config import KeepSettings
 from ..state import layout, records
-from ..detached.outfile import Look, ReadChunk, read_at
+from ..detached.outread import Look, ReadChunk, read_at
 from ..errors import Refused
 from ..processes.keeper import Keeper
 from ..processes.runner import Outcome

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..detached.lines import LINE_SHOWN, SCREEN
-from ..detached.outfile import ReadChunk
+from ..detached.outread import ReadChunk
 from ..errors import Refused
 from .kept import Kept, is_kept_id
 from .results import ToolResult

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..detached import outfile
+from ..detached import outread
 from ..state import records
 from ..detached.lines import BLOCK, SCAN_SECONDS, SCREEN, Found, Scanner, line_at
 from ..errors import Refused
@@ -70,7 +70,7 @@ class _Follower:
 
     def refresh(self) -> Shown:
         """The record, and the file it names taken up (or kept pending while ours is read to its end)."""
-        with outfile.looked_at(self.folder, self.state, self.id) as look:
+        with outread.looked_at(self.folder, self.state, self.id) as look:
             if look.fd is None:
                 return look.record
             inode = os.fstat(look.fd).st_ino
@@ -162,7 +162,7 @@ def wait_for_line(background: Background, record: Shown, pattern: Any, offset: i
                 seen = watcher.changes(command_id)
                 try:
                     record = follower.refresh()
-                except outfile.Removed:
+                except outread.Removed:
                     from ..detached.background import UNKNOWN
 
                     raise Refused(UNKNOWN.format(id=command_id)) from None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..detached import input as program_input
-from ..detached import outfile
+from ..detached import outread
 from ..errors import LinkRunError, Refused
 from ..state import records
 from .reading import how_it_ended, read_answer, show_waiting
@@ -66,7 +66,7 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     record = _running(background, record)
     command_id: str = record["id"]
     with background.output_folder() as folder:
-        before = outfile.output_total(folder, background.state, command_id) or 0
+        before = outread.output_total(folder, background.state, command_id) or 0
     # The output's watch is set before the write, so that no answer comes before it.
     with background.watcher.watching(wait > 0):
         reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data)

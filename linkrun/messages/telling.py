@@ -54,7 +54,7 @@ def tell_once(state: str, record: Record, way_in: WayIn, log: Callable[[str], No
     """One attempt, the record's `told` written before and after; returns the
     Delivery (its `outcome`: wayin.DeliveryOutcome).
     `last_bytes(record)` reads the end of the command's output for the
-    message (outfile.last_bytes: the output file is the background room's).
+    message (outread.last_bytes: the output file is the background room's).
 
     The caller holds the record's lock.
     """

@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from .errors import LinkRunError
+
 SUBFOLDERS = ("Config", "Agent", "Home", "Files", "State")
 # Folders of Files/ made with it: work/ is always writable; chats/ (the
 # harness's) and background/ (the outputs) are never.
@@ -78,11 +80,15 @@ def create(root: str) -> AgentFolder:
     its own path, and serve's working directory must be found inside).
     """
     root = os.path.realpath(os.path.abspath(root))
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    for name in SUBFOLDERS:
-        os.makedirs(os.path.join(root, name), mode=0o700 if name in ("Config", "State") else 0o755, exist_ok=True)
-    for name in FILES_SUBFOLDERS:
-        os.makedirs(os.path.join(root, "Files", name), mode=0o755, exist_ok=True)
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        for name in SUBFOLDERS:
+            os.makedirs(os.path.join(root, name), mode=0o700 if name in ("Config", "State") else 0o755, exist_ok=True)
+        for name in FILES_SUBFOLDERS:
+            os.makedirs(os.path.join(root, "Files", name), mode=0o755, exist_ok=True)
+    except OSError as problem:  # not writable, below a file, a full disk: a person's fix, not a traceback
+        raise LinkRunError(f"the agent's folder {root} cannot be made: {problem.strerror} ({problem.filename})",
+                           "give --agent a folder you may write, such as one under your home") from None
     return AgentFolder(root)
 
 

@@ -222,3 +222,19 @@ def test_doctor_before_the_first_up_fails_where_the_agents_folder_cannot_be_made
     done = run("doctor", "--agent", "/lnk-no-such-place/agent")
     assert done.returncode == 1, done.stdout
     assert "FAIL the agent's folder /lnk-no-such-place/agent cannot be made: / may not be written" in done.stdout
+
+
+def test_up_whose_agents_folder_cannot_be_made_says_why_and_what_to_do(who):
+    """A folder where the agent's cannot be made (below a file; below / for a
+    user) is one line naming it, the reason and the fix, never a traceback."""
+    run, folder = who
+    (folder / "a-file").write_text("")
+    places = [folder / "a-file" / "agent"]
+    if not (os.access("/", os.W_OK) and os.stat(folder).st_uid == os.geteuid()):
+        places.append(Path("/lnk-no-such-place/agent"))  # the user variant: / may not be written
+    for place in places:
+        done = run("up", "--agent", str(place), "--no-way-in")
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert f"the agent's folder {place} cannot be made" in done.stderr, done.stderr
+        assert "give --agent a folder you may write" in done.stderr, done.stderr

@@ -24,6 +24,7 @@ from ..sandboxing import beneath
 from ..state import layout, records
 from .input import on_terminal, terminal_size, waiting_for_input
 from .outread import ReadChunk
+from .warm import WarmForks
 from .watch import Watcher
 from ..config import Serve
 from ..errors import LinkRunError, Refused
@@ -88,6 +89,9 @@ class Background:
         self.watcher = Watcher((self.state, os.path.join(settings.files, layout.BACKGROUND)))
         self.supervisor_argv: list[str] | None = None  # found at the first start
         self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
+        # Supervisors forked ready-imported; LNK_WARM_FORKS=0 boots each afresh (a fallback, and the baseline).
+        warm = settings.programs and os.environ.get("LNK_WARM_FORKS") != "0"
+        self.warm = WarmForks(self.state) if warm else None
 
     def conversation(self, meta: dict[str, Any]) -> tuple[str, int]:
         return conversation(meta, self.b.way_in is not None)
@@ -187,6 +191,9 @@ class Background:
         log = os.open(layout.path(self.state, command_id, layout.LOG),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
+            code = self.warm.spawn(command_id, lock_fd, log) if self.warm is not None else None
+            if code is not None:
+                return code
             if self.supervisor_argv is None:
                 from .starter import script_argv
 
@@ -213,6 +220,8 @@ class Background:
             # The first sweep waits for the session's first answer (or two
             # seconds): a start with many records must not slow `initialize`.
             self.ready.wait(2.0)
+            if self.warm is not None:
+                self.warm.start()  # so the first start finds it warm
             while True:
                 self.run_sweep()
                 untold = any((r := records.load(self.state, i)) and r.get("told") in records.TO_TELL

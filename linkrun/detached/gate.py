@@ -13,18 +13,31 @@ gate that exits (EOF, or the death signal): nothing runs that a sweep cannot
 find. `clear` execs the sandbox with an empty environment (a real sandbox:
 bwrap's own environment is readable inside at /proc/1/environ); `keep`
 passes ours on (a pass-through sandbox in tests).
+
+A supervisor that is still single-threaded at step 3 (every one but in a
+rare case) forks its gate instead (`spawn`): the same steps, without the
+interpreter's start that an exec of this script costs, on the way from
+`start` to the program.
 """
 
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+import threading
+from collections.abc import Sequence
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 
 
 def main() -> int:
     supervisor, control, environment, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+    return gate(supervisor, control, {} if environment == "clear" else os.environ, argv)
+
+
+def gate(supervisor: int, control: int, env: "dict[str, str] | os._Environ[str]", argv: "list[str]") -> int:
     # 3. Die with the supervisor's main thread, which spawned us; then check it
     # is still our parent, or it died before the death signal was armed.
     libc = ctypes.CDLL(None, use_errno=True)
@@ -41,13 +54,75 @@ def main() -> int:
     # would not kill. subprocess restores them for serve's calls; we must here.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-    # Even started with none, Python adds LC_CTYPE to its own environment.
-    env = {} if environment == "clear" else os.environ
     try:
         os.execve(argv[0], argv, env)
     except OSError as problem:
         print(f"lnk-link-run: cannot start the sandbox {argv[0]}: {problem.strerror}", file=sys.stderr)
         return 127
+
+
+class Forked(subprocess.Popen[bytes]):
+    """A forked gate, as the supervisor waits for it: a Popen's pid, wait and
+    returncode, and none of its spawning (nothing of Popen's own is used)."""
+
+    def __init__(self, pid: int) -> None:  # not Popen's: the fork is made already
+        self.pid, self.returncode, self.args = pid, None, ()
+
+    def poll(self) -> int | None:
+        return self.returncode  # read by the watch's pidfd, never reaped before wait()
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def __del__(self) -> None:
+        pass
+
+
+def spawn(argv: "list[str]", env: "dict[str, str] | None", stdin: int, out: int, control: int, fds: Sequence[int],
+          folder: int) -> "subprocess.Popen[bytes]":
+    """The gate, in a process group of its own, in `folder`, with stdin, the
+    output pipe and `fds` (at their numbers): a fork of this single-threaded
+    supervisor, else (a thread of its runs) this script, booted."""
+    if threading.active_count() > 1:  # a fork of a threaded process may inherit a lock held
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", __file__, str(os.getpid()), str(control), "keep" if env is None else "clear",
+             *argv],
+            stdin=stdin, stdout=out, stderr=out, pass_fds=(control, *fds), cwd=f"/proc/self/fd/{folder}",
+            process_group=0, close_fds=True, env=env)
+    supervisor = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _forked(supervisor, argv, {} if env is not None else dict(os.environ), stdin, out, control, fds, folder)
+    os.setpgid(pid, pid)  # as the child does: the group is ours to kill from now on
+    return Forked(pid)
+
+
+def _forked(supervisor: int, argv: "list[str]", env: "dict[str, str]", stdin: int, out: int, control: int,
+            fds: Sequence[int], folder: int) -> NoReturn:
+    """The forked gate: what Popen's child would do, then the gate's steps."""
+    code = 125
+    try:
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, signal.SIG_DFL)  # the supervisor's handlers are not ours
+        signal.set_wakeup_fd(-1)
+        os.setpgid(0, 0)
+        os.fchdir(folder)
+        if stdin == subprocess.DEVNULL:
+            stdin = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(stdin, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        kept = sorted({0, 1, 2, control, *fds})
+        for low, high in zip(kept, [*kept[1:], os.sysconf("SC_OPEN_MAX")], strict=True):
+            os.closerange(low + 1, high)  # nothing of the supervisor's but what the sandbox is handed
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        code = gate(supervisor, control, env, argv)
+    finally:
+        os._exit(code)
 
 
 if __name__ == "__main__":

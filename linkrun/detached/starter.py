@@ -23,17 +23,32 @@ def script_argv(command_id: str, state: str) -> list[str]:
     sys.path. The command line ends with the seeds' words, each a whole
     argument, so that `ps` and a person find the supervisor by them.
     """
+    python = [sys.executable, "-I", "-S", BOOT, folders(), "supervise", command_id, "--state", state]
+    return ["/bin/sh", "-c", 'exec 3<&0; "$@" <&3 3<&- &', "sh", *python]
+
+
+def warm_argv(state: str) -> list[str]:
+    """How serve starts its warm fork server (warm.py): the supervisor's own
+    command line with `warm-fork` for `supervise` and dashes for the id, the
+    same lengths, so that each supervisor it forks writes its own words in
+    place and `ps` shows it as it shows one started by `script_argv`."""
+    from .warm import PLACEHOLDER, WORD
+
+    return [sys.executable, "-I", "-S", BOOT, folders(), WORD, PLACEHOLDER, "--state", state]
+
+
+def folders() -> str:
+    """Our package's and its libraries' folders, for boot.py's sys.path."""
     import importlib.util
 
-    folders = []
+    found: list[str] = []
     for name in ("linkrun", "orjson", "watchdog"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
             folder = os.path.dirname(os.path.dirname(spec.origin))
-            if folder not in folders:
-                folders.append(folder)
-    python = [sys.executable, "-I", "-S", BOOT, os.pathsep.join(folders), "supervise", command_id, "--state", state]
-    return ["/bin/sh", "-c", 'exec 3<&0; "$@" <&3 3<&- &', "sh", *python]
+            if folder not in found:
+                found.append(folder)
+    return os.pathsep.join(found)
 
 
 # The script the supervisor starts with, beside this file.

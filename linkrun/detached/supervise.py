@@ -33,6 +33,7 @@ from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch, grow_pipe
 from ..config import Limits
 from ..sandboxing.launch import Launch, Sandbox, prepare
+from .gate import spawn
 from .outfile import OutputFile
 from .outread import last_bytes
 from .input import InputPort, program_input
@@ -275,15 +276,9 @@ class Supervisor:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         grow_pipe(out_r)
         stdin, self.port = program_input(self.state, self.id, bool(self.record.get("tty")))  # given, or a pipe
-        gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate.py")
-        environment = "keep" if launch.env is None else "clear"  # see gate.py
         try:
             with launch.spawning():  # born in the command's cgroup, where it has one
-                process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", gate, str(os.getpid()), str(control_r), environment, *launch.argv],
-                    stdin=stdin, stdout=out_w, stderr=out_w, pass_fds=(control_r, *launch.fds),
-                    cwd=f"/proc/self/fd/{folder_fd}", process_group=0, close_fds=True, env=launch.env,
-                )
+                process = spawn(launch.argv, launch.env, stdin, out_w, control_r, launch.fds, folder_fd)
         finally:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)

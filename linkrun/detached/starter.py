@@ -27,16 +27,6 @@ def script_argv(command_id: str, state: str) -> list[str]:
     return ["/bin/sh", "-c", 'exec 3<&0; "$@" <&3 3<&- &', "sh", *python]
 
 
-def warm_argv(state: str) -> list[str]:
-    """How serve starts its warm fork server (warm.py): the supervisor's own
-    command line with `warm-fork` for `supervise` and dashes for the id, the
-    same lengths, so that each supervisor it forks writes its own words in
-    place and `ps` shows it as it shows one started by `script_argv`."""
-    from .warm import PLACEHOLDER, WORD
-
-    return [sys.executable, "-I", "-S", BOOT, folders(), WORD, PLACEHOLDER, "--state", state]
-
-
 def folders() -> str:
     """Our package's and its libraries' folders, for boot.py's sys.path."""
     import importlib.util

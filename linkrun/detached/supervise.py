@@ -74,8 +74,9 @@ def main(argv: list[str]) -> int:
     return supervise(argv[0], argv[2])
 
 
-def supervise(command_id: str, state: str) -> int:
+def supervise(command_id: str, state: str, how: str = "booted") -> int:
     logger.start(f"supervise {command_id}")  # its stderr is its own log: never quiet
+    logger.info(how)
     if not records.ID.fullmatch(command_id):
         logger.error(f"{command_id!r} is not a command id")
         return 2

@@ -34,11 +34,12 @@ from typing import NoReturn
 
 from .. import logger
 
-Supervise = Callable[[str, str], int]
+Supervise = Callable[[str, str, str], int]
 
 WORD = "warm-fork"  # the server's word where a supervisor's is `supervise`: the same length
 PLACEHOLDER = "-" * 16  # where a supervisor's id is: the same length
 READY = b"R"  # the server's first message: imported, ready to fork
+FORKED = "forked ready-imported by serve's warm fork server"  # the supervisor's log says so
 GO = b"G"  # from the server to a supervisor: serve has its answer
 ANSWER_WAIT = 2.0  # seconds: a server slower than this to answer is taken for dead
 GIVE_UP = 3  # servers in a row that died before answering: then starts go the old way only
@@ -90,8 +91,6 @@ class WarmForks:
     def _start(self) -> None:
         if self.failures >= GIVE_UP:
             return
-        from .starter import warm_argv
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(warm_argv(self.state), stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
@@ -146,6 +145,15 @@ class WarmForks:
         self.process.kill()
         self.process.wait()
         self.process = None
+
+
+def warm_argv(state: str) -> list[str]:
+    """The server's command line: a supervisor's (starter.py) with WORD for
+    `supervise` and PLACEHOLDER for the id, the same lengths, so that each
+    supervisor it forks writes its own words in place (`name_self`)."""
+    from .starter import BOOT, folders
+
+    return [sys.executable, "-I", "-S", BOOT, folders(), WORD, PLACEHOLDER, "--state", state]
 
 
 # -- the server -----------------------------------------------------------------
@@ -220,10 +228,9 @@ def become_supervisor(serve_end: socket.socket, go_r: int, command_id: str, lock
         os.setsid()
         if os.fork():
             os._exit(0)  # the intermediate: the server reaps it and answers
-        serve_end.close()
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(lock, 0)  # as starter.py's shell hands it over: the lock is stdin
-        os.dup2(null, 1)
+        serve_end.close()  # fd 0, which the lock takes: as starter.py's shell hands it over
+        os.dup2(lock, 0)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # opened after: never on 0
         os.dup2(log, 2)
         os.closerange(3, go_r)
         os.closerange(go_r + 1, os.sysconf("SC_OPEN_MAX"))
@@ -231,7 +238,7 @@ def become_supervisor(serve_end: socket.socket, go_r: int, command_id: str, lock
         name_self(command_id)
         if os.read(go_r, 1) == GO:  # else serve never heard of us: nothing runs
             os.close(go_r)
-            code = supervise(command_id, state)
+            code = supervise(command_id, state, FORKED)
         else:
             code = 0
     except BaseException:

@@ -1,0 +1,130 @@
+"""serve's warm fork server: supervisors forked ready-imported, detached
+as booted ones are, and the booted way whenever it is not there."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from background_helpers import background_argv, start, wait_ended, wait_running
+from conftest import clean_env, parent_of, pid_alive, wait_for
+
+from linkrun.detached.warm import FORKED
+from linkrun.state import layout, records
+
+
+def session_of(pid: int) -> int:
+    return os.getsid(pid)
+
+
+def warm_server(serve: int) -> int | None:
+    """The warm fork server among serve's children, if one runs."""
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            if b"warm-fork" in words and parent_of(int(name)) == serve:
+                return int(name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def ancestors(pid: int) -> list[int]:
+    found = []
+    while pid > 1:
+        pid = parent_of(pid)
+        found.append(pid)
+    return found
+
+
+def log_path(state: Path, command_id: str) -> str:
+    return layout.path(str(state), command_id, layout.LOG)
+
+
+def log_of(state: Path, command_id: str) -> str:
+    return Path(log_path(state, command_id)).read_text()
+
+
+def warm_start(server, state: Path, **arguments: object) -> str:
+    """A start once the server is ready (the first ones may go the booted way while it imports)."""
+    found: list[str] = []
+
+    def forked() -> bool:
+        command_id = start(server, **arguments)
+        wait_running(state, command_id)
+        found.append(command_id)
+        return FORKED in log_of(state, command_id)
+
+    wait_for(forked, what="a start through the warm fork server")
+    return found[-1]
+
+
+def test_a_warm_supervisor_is_detached_in_a_session_of_its_own_and_says_so(servers, files, state):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    command_id = warm_start(server, state, program="sleep", args=["100"])
+    supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
+    assert server.process.pid not in ancestors(supervisor)  # nobody's child that waits, serve's least of all
+    assert session_of(supervisor) not in (session_of(server.process.pid), session_of(warm_server(server.process.pid)))
+    argv = Path(f"/proc/{supervisor}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+    at = argv.index("supervise")
+    assert argv[at:at + 4] == ["supervise", command_id, "--state", str(state)]
+    lock = layout.path(str(state), command_id, layout.LOCK)
+    held = [os.readlink(fd) for fd in Path(f"/proc/{supervisor}/fd").iterdir()]
+    assert held.count(lock) == 1 and os.readlink(f"/proc/{supervisor}/fd/0") == "/dev/null"  # held, off stdin
+    assert [os.readlink(f"/proc/{supervisor}/fd/{fd}") for fd in (1, 2)] == ["/dev/null", log_path(state, command_id)]
+    assert records.is_held(str(state), command_id)
+    ended = wait_ended(state, start(server, program="sh", args=["-c", "echo warm"]))
+    assert (ended["state"], ended["exit"]) == ("exited", 0)
+
+
+def test_without_the_server_a_start_boots_its_supervisor(servers, files, state):
+    server = servers(background_argv(files, state), env=clean_env(LNK_WARM_FORKS="0"))
+    server.initialize()
+    command_id = start(server, program="sh", args=["-c", "echo booted"])
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["exit"]) == ("exited", 0)
+    assert (files / "background" / f"{command_id}.out").read_bytes() == b"booted\n"
+    assert FORKED not in log_of(state, command_id)
+    assert warm_server(server.process.pid) is None
+
+
+def test_a_killed_server_is_replaced_and_every_start_still_runs(servers, files, state):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    warm_start(server, state, program="true")
+    first = warm_server(server.process.pid)
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(first), what="the server to die")
+    command_id = start(server, program="sh", args=["-c", "echo after"])  # the booted way, at once
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["exit"]) == ("exited", 0)
+    assert FORKED not in log_of(state, command_id)
+    warm_start(server, state, program="true")  # a new server's
+    assert warm_server(server.process.pid) not in (None, first)
+
+
+@pytest.mark.parametrize("how", ["killed", "its input closed"])
+def test_when_serve_ends_the_server_ends_and_supervisors_live_on(servers, files, state, how):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    command_id = warm_start(server, state, program="sh", args=["-c", "read line; echo got $line"], input="it\n")
+    running = warm_start(server, state, program="sleep", args=["100"])
+    supervisor = parent_of(wait_running(state, running)["leader_pid"])
+    forks = warm_server(server.process.pid)
+    assert forks is not None
+    if how == "killed":
+        server.process.kill()
+    else:
+        server.process.stdin.close()
+    server.process.wait()
+    wait_for(lambda: not pid_alive(forks), what="the server to end with serve")
+    assert pid_alive(supervisor)
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["exit"]) == ("exited", 0)
+    assert (files / "background" / f"{command_id}.out").read_bytes() == b"got it\n"
+    os.kill(supervisor, signal.SIGTERM)
+    assert wait_ended(state, running)["state"] in ("lost", "stopped")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 from background_helpers import background_argv, start, wait_ended, wait_running
 from conftest import clean_env, parent_of, pid_alive, wait_for
 
-from linkrun.detached.warm import FORKED
+from linkrun.detached.warm import ANSWER_WAIT, FORKED
 from linkrun.state import layout, records
 
 
@@ -76,6 +77,7 @@ def test_a_warm_supervisor_is_detached_in_a_session_of_its_own_and_says_so(serve
     assert held.count(lock) == 1 and os.readlink(f"/proc/{supervisor}/fd/0") == "/dev/null"  # held, off stdin
     assert [os.readlink(f"/proc/{supervisor}/fd/{fd}") for fd in (1, 2)] == ["/dev/null", log_path(state, command_id)]
     assert records.is_held(str(state), command_id)
+    assert not [link for link in held if link.startswith("socket:")]  # the server's socket stays in the server
     ended = wait_ended(state, start(server, program="sh", args=["-c", "echo warm"]))
     assert (ended["state"], ended["exit"]) == ("exited", 0)
 
@@ -128,3 +130,20 @@ def test_when_serve_ends_the_server_ends_and_supervisors_live_on(servers, files,
     assert (files / "background" / f"{command_id}.out").read_bytes() == b"got it\n"
     os.kill(supervisor, signal.SIGTERM)
     assert wait_ended(state, running)["state"] in ("lost", "stopped")
+
+
+def test_a_server_that_stops_answering_is_killed_and_the_start_boots_its_supervisor(servers, files, state):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    warm_start(server, state, program="true")
+    stuck = warm_server(server.process.pid)
+    assert stuck is not None
+    os.kill(stuck, signal.SIGSTOP)
+    started = time.monotonic()
+    command_id = start(server, program="sh", args=["-c", "echo after"])
+    assert time.monotonic() - started < ANSWER_WAIT + 2
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["exit"]) == ("exited", 0)
+    assert FORKED not in log_of(state, command_id)  # nothing the stopped server forked ran it
+    wait_for(lambda: not pid_alive(stuck), what="the stopped server to be killed")
+    warm_start(server, state, program="true")

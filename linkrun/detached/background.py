@@ -1,9 +1,10 @@
 """`start`, `list`, `read` and `stop`: background commands, on their records.
 
 serve never forks Python code (it has threads) and nothing a supervisor must
-outlive runs here: `start` writes the record and execs a detached
-supervisor (steps 1 to 4 below; the supervisor's own steps are numbered in
-supervise.py), and the other tools read records and output files.
+outlive runs here: `start` writes the record and has a detached supervisor
+started, forked by serve's warm fork server (warm.py) or booted (steps 1 to
+4 below; the supervisor's own steps are numbered in supervise.py), and the
+other tools read records and output files.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The supervisor of one background command: its whole life, steps 1 to 9.
 
-`start` (in serve, background.py) runs `starter.script_argv` in a new session with
-the record's lock as stdin: a shell that starts `python -I -S boot.py
-<folders> supervise <id> --state <state>` in the background and exits at
-once (serve reaps it), so the supervisor is not serve's child. It holds the
+`start` (in serve, background.py) asks serve's warm fork server (warm.py)
+for a supervisor forked ready-imported, or, when it has none ready, runs
+`starter.script_argv` in a new session with the record's lock as stdin: a
+shell that starts `python -I -S boot.py <folders> supervise <id> --state
+<state>` in the background and exits at once (serve reaps it). Either way
+the supervisor is in a session of its own and not serve's child. It holds the
 lock until it exits; the kernel releases it however it dies, which is how a
 sweep knows it is gone. `lnk-link-run supervise` (`main`) is the design's
 own entry: it forks first, to the same end, and runs the same `supervise`.

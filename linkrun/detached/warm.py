@@ -189,10 +189,11 @@ def serve_forks(state: str) -> int:
 
 def warm_up() -> None:
     """What a supervisor imports later, on its way to the program (records'
-    orjson, the sandbox's folder checks) and beside it (the stop file's
-    watch): imported here once, not in each supervisor."""
+    orjson, a real sandbox's per-call part, /etc view, git check and
+    cgroup, its init's pid) and beside it (the stop file's watch): imported
+    here once, not in each supervisor."""
     import orjson  # noqa: F401
-    from ..sandboxing import beneath  # noqa: F401
+    from ..sandboxing import beneath, cgroups, etcview, gitcheck, initpid, percall  # noqa: F401
     from . import watch  # noqa: F401
 
 

@@ -49,17 +49,17 @@ def log_of(state: Path, command_id: str) -> str:
 
 
 def warm_start(server, state: Path, **arguments: object) -> str:
-    """A start once the server is ready (the first ones may go the booted way while it imports)."""
-    found: list[str] = []
+    """A start through the warm fork server, once it is ready: the first
+    starts may go the booted way while it imports, so `true` probes first."""
+    def ready() -> bool:
+        probe = start(server, program="true")
+        wait_ended(state, probe)
+        return FORKED in log_of(state, probe)
 
-    def forked() -> bool:
-        command_id = start(server, **arguments)
-        wait_running(state, command_id)
-        found.append(command_id)
-        return FORKED in log_of(state, command_id)
-
-    wait_for(forked, what="a start through the warm fork server")
-    return found[-1]
+    wait_for(ready, what="the warm fork server to be ready")
+    command_id = start(server, **arguments)
+    wait_for(lambda: FORKED in log_of(state, command_id), what="a supervisor forked by the warm fork server")
+    return command_id
 
 
 def test_a_warm_supervisor_is_detached_in_a_session_of_its_own_and_says_so(servers, files, state):

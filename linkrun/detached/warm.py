@@ -89,6 +89,9 @@ class WarmForks:
             return answer
 
     def _start(self) -> None:
+        if self.socket is not None:  # the last server's, read to its end
+            self.socket.close()
+            self.socket = None
         if self.failures >= GIVE_UP:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

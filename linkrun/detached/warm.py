@@ -81,6 +81,7 @@ class WarmForks:
                 return None
             answer = self._answer()
             if answer is None:
+                logger.warning(f"the warm fork server did not answer within {ANSWER_WAIT:g} s; replacing it")
                 self._end()  # killed and reaped: it lets nothing go any more
                 answer = self._answer(late=True)  # unless its answer came at the last moment
                 self._start()

@@ -110,6 +110,15 @@ def test_no_import_circle_in_the_package() -> None:
     assert not circles, f"import circles: {circles[:3]}"
 
 
+MAX_LINES = 450  # a module past this holds more than one role: split it by role
+
+
+def test_no_module_is_longer_than_one_role_needs() -> None:
+    long = {module_name(path): lines for path in sorted(PACKAGE.rglob("*.py"))
+            if (lines := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}; split each by role"
+
+
 # Which package may import which: each floor imports its own and the floors
 # below it, never one above (lazy and type-only imports included). Top to
 # bottom; CONTRIBUTING.md says the same in one line (checked below).

@@ -441,3 +441,25 @@ def test_spares_are_made_at_once_by_each_maker_bounded_and_each_taken_by_one_cal
     wait_for(lambda: len(made) - len(found) == spare_module.MOST, what="the burst's spares")
     assert len(made) - len(found) == spare_module.MOST and most_making[0] == 2
     spares.close()
+
+
+def test_a_spare_is_made_again_at_once_only_when_a_call_took_the_last(monkeypatch, stand_in: StandIn) -> None:
+    # The pool alone: while one waits, its successor settles (the answer goes
+    # out first); a call that takes the last sets it going at once.
+    monkeypatch.setattr(spare_module, "SETTLE", 60.0)
+    made: list[spare_module.Spare] = []
+
+    def start(launch, key):
+        made.append(stand_in.spare(key))
+        return made[-1]
+
+    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None, ahead=2, makers=1)
+    spares.make()
+    wait_for(lambda: len(made) == 1, what="the first spare")  # none waited: it did not settle; the next does
+    assert spares.take("shown") is made[0]
+    wait_for(lambda: len(made) == 2, timeout=10, what="the next, made at once once the last was taken")
+    spares.done(True)  # one waits: the next settles
+    assert spares.take("shown") is made[1]
+    wait_for(lambda: len(made) == 3, timeout=10, what="the next, made at once once the last was taken")
+    spares.done(True)
+    spares.close()

@@ -66,6 +66,9 @@ AHEAD = MAKERS  # spares kept at rest: calls back to back take them as fast as t
 MOST = 16  # spares kept after a burst of calls at once
 LINGER = 60.0  # seconds they are kept after it
 MAKING_WAIT = 15.0  # seconds serve's end waits for a spare being made (its hand-over may take 10)
+# A spare made while another waits is made this much later: serve's answer
+# to the call that took one goes out first, not behind the making's Python.
+SETTLE = 0.005
 QUIET = 5.0  # seconds without spares after one ended before its call
 FAILURES_OFF = 3  # spares that ended before their calls, none handed over between: no more spares
 _MAKING = object()  # the slot's key while a spare's launch is being prepared
@@ -206,6 +209,8 @@ class Spares:
                     found = spare
                 else:
                     stale.append(spare)
+            if not self._ready:
+                self._lock.notify_all()  # a making that settles goes on now
         if not all(_running(spare) for spare in stale):
             self._failed()
         if stale:
@@ -269,6 +274,7 @@ class Spares:
         go by its parent, then waits for it forever."""
         with self._lock:
             self._closed = True
+            self._lock.notify_all()
             self._lock.wait_for(lambda: not self._making, timeout=MAKING_WAIT)
             spares, self._ready = self._ready, []
             threads = self._threads
@@ -279,6 +285,8 @@ class Spares:
     def _make(self, slot: int) -> None:
         spare = None
         try:
+            with self._lock:  # no hurry while one is ready: until a call takes the last
+                self._lock.wait_for(lambda: not self._ready or self._closed, timeout=SETTLE)
             if self._off:
                 return  # turned off since this making was asked for
             launch, key = self._prepare()

@@ -215,8 +215,10 @@ class Spares:
             self._failed()
         if stale:
             self._run(functools.partial(self._end_all, stale))
-        if found is not None and not self._ready:
-            self.make()  # calls come faster than spares were made: the next made while this call runs
+        if found is not None and not self._ready and self._in_flight == 1:
+            # Calls one after another, faster than spares were made: the next
+            # made while this one runs. Not in a burst: its calls make their own.
+            self.make()
         return found
 
     def _coming(self, key: Hashable) -> bool:

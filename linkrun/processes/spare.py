@@ -3,8 +3,8 @@
 Setting up a sandbox (its namespaces, a mount per bind, its filter) is
 most of what a short call costs. So serve keeps sandboxes made ahead (AHEAD
 of them; after calls at once, as many as ran at once, for a while:
-`Spares`), made from its start and again as soon as a call takes one, by
-MAKERS threads at once: bwrap runs LOADER, a small `sh` that
+`Spares`), made from its start and again as calls take them, by MAKERS
+threads at once: bwrap runs LOADER, a small `sh` that
 waits on its standard input for the call's program. The call writes a
 script there (`script`): into the call's folder, the shell's own variables
 dropped, `exec` of the program; and reads the loader's ACK before the
@@ -157,8 +157,9 @@ class Spares:
 
     `ahead` are kept; after calls at once, as many as ran at once (at most
     MOST), until LINGER seconds pass without so many, so that the next such
-    burst finds its sandboxes made. A spare taken is made again at once,
-    while its call runs. `prepare` gives a spare's launch and its key (run
+    burst finds its sandboxes made. A spare taken is made again after its
+    call, or at once, while it runs, when a call alone took the last; while
+    another waits, a making settles first (SETTLE). `prepare` gives a spare's launch and its key (run
     on a maker), `start` spawns it, `end` kills and reaps one not taken.
     """
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 
 import pytest
 from conftest import PASS_THROUGH, SYSTEM_PATH, pid_alive, wait_for
@@ -54,3 +55,16 @@ def test_closing_kills_a_leftover_at_once_not_a_second_later(caller):
     assert pid_alive(leftover)  # killed a second after its program, or at serve's end
     caller.close()
     wait_for(lambda: not pid_alive(leftover), timeout=LEFTOVER_GRACE / 2, what="the leftover killed by the close")
+
+
+def test_the_leftovers_of_calls_are_killed_each_at_its_time_by_one_thread_that_then_ends(caller):
+    leftovers = []
+    for _ in range(3):
+        outcome = caller.run(sh("sleep 100 >/dev/null 2>&1 & echo $!"), Cancel())
+        leftovers.append(int(bytes(outcome.output.head)))
+    assert all(pid_alive(pid) for pid in leftovers)
+    assert [thread.name for thread in threading.enumerate()].count("leftovers") == 1
+    wait_for(lambda: not any(pid_alive(pid) for pid in leftovers), timeout=LEFTOVER_GRACE * 5,
+             what="each leftover killed a second after its program")
+    wait_for(lambda: "leftovers" not in [thread.name for thread in threading.enumerate()], timeout=5,
+             what="the thread to end with none left")

@@ -68,3 +68,28 @@ def test_without_a_sandbox_init_a_leader_that_exits_by_itself_is_not_killed():
     watch.run()
     assert (watch.exit, watch.ending, leader.killed) == (0, None, False)
     process.wait()
+
+
+def test_a_short_programs_few_bytes_and_its_end_are_not_held_by_the_pause_that_gathers_output(monkeypatch):
+    # A small read pauses the loop so a trickle gathers; the leader's exit ends the pause.
+    from linkrun.processes import group
+
+    monkeypatch.setattr(group, "COALESCE", 30.0)
+    process = subprocess.Popen(["sh", "-c", "echo hi; sleep 0.2"], process_group=0, stdout=subprocess.PIPE)
+    leader = Leader(process)
+    watch = Watch(leader, boottime() + 60)
+    got: list[bytes] = []
+
+    def sink(fd: int) -> int:
+        data = os.read(fd, 1024)
+        got.append(data)
+        return len(data)
+
+    assert process.stdout is not None
+    watch.drain(process.stdout.fileno(), sink)
+    started = boottime()
+    watch.run()
+    assert b"".join(got) == b"hi\n" and watch.exit == 0
+    assert boottime() - started < 10, "the answer waited for the whole pause"
+    process.stdout.close()
+    process.wait()

@@ -160,13 +160,15 @@ def test_a_new_serve_ends_the_sandboxes_a_killed_one_left_behind(up_as: Up, requ
         second.server.kill()
 
 
-def spare_processes(up: Up) -> dict[str, int]:
-    """The waiting spare's outer bwrap (serve's child), its init (the outer's), and its loader (the init's)."""
+def spare_processes(up: Up) -> list[dict[str, int]]:
+    """Each waiting spare's outer bwrap (serve's child), its init (the outer's), and its loader (the init's)."""
     serve = up.server.process.pid
     found = spares_of(serve)
-    outer = next(pid for pid in found if parent_of(pid) == serve)
-    init = next(pid for pid in found if parent_of(pid) == outer)
-    return {"outer": outer, "init": init, "loader": next(pid for pid in found if parent_of(pid) == init)}
+    spares = []
+    for outer in (pid for pid in found if parent_of(pid) == serve):
+        init = next(pid for pid in found if parent_of(pid) == outer)
+        spares.append({"outer": outer, "init": init, "loader": next(pid for pid in found if parent_of(pid) == init)})
+    return spares
 
 
 @pytest.mark.parametrize("killed, stopped", [("loader", "init"), ("init", "outer"), ("outer", None)])
@@ -174,17 +176,20 @@ def test_a_spare_killed_from_outside_is_never_handed_a_call(up_as: Up, killed: s
     """Killed, then a call at once: the call runs its program in a sandbox
     made for it. The process that would notice the death first is stopped
     meanwhile, so that the call surely comes before it did."""
-    spare_ready(up_as)
-    pids = spare_processes(up_as)
+    waiting_spare(up_as.server.process.pid, spare_module.AHEAD)
+    spares = spare_processes(up_as)
+    assert len(spares) == spare_module.AHEAD
     try:
-        if stopped is not None:
-            os.kill(pids[stopped], signal.SIGSTOP)
-        os.kill(pids[killed], signal.SIGKILL)
+        for pids in spares:  # every spare: the call has none left to take
+            if stopped is not None:
+                os.kill(pids[stopped], signal.SIGSTOP)
+            os.kill(pids[killed], signal.SIGKILL)
         result = up_as.server.call("command", {"program": "sh", "args": ["-c", IN_SPARE + "; echo ran"],
                                                "folder": "work"}, timeout=20)
     finally:
-        if stopped is not None:
-            kill_quietly(pids[stopped], signal.SIGCONT)
+        for pids in spares:
+            if stopped is not None:
+                kill_quietly(pids[stopped], signal.SIGCONT)
     assert not result.get("isError") and result["structuredContent"]["exit"] == 0, text_of(result)
     assert result["structuredContent"]["output"].split() == ["made", "ran"]
     spare_ready(up_as)  # after a quiet while, spares again
@@ -204,7 +209,8 @@ def burst(up: Up, size: int, first_id: int) -> list[str]:
 def test_after_calls_at_once_as_many_spares_wait_for_the_next_such_burst(up_as: Up) -> None:
     spare_ready(up_as)
     first = burst(up_as, 4, 0)
-    assert first.count("spare") == 1, first  # one spare was made: the others made their own
+    # the spares kept at rest were taken, and those made while the burst came
+    assert first.count("spare") >= spare_module.AHEAD, first
     wait_for(lambda: waiting_spares(up_as.server.process.pid) == 4, timeout=30, what="four spares")
     assert burst(up_as, 4, 4) == ["spare"] * 4
 
@@ -243,10 +249,11 @@ def test_the_spares_of_a_burst_go_back_to_one_once_it_lingered(monkeypatch, stan
         made.append(stand_in.spare(key))
         return made[-1]
 
-    spares = spare_module.Spares(stand_in.prepare, start, ended.append)
+    spares = spare_module.Spares(stand_in.prepare, start, ended.append, ahead=1, makers=1)
     spares.make()
     wait_for(lambda: len(made) == 1, what="the first spare")
-    taken = [spares.take("shown") for _ in range(3)]  # three calls at once: one finds the spare
+    # three calls at once: one finds the spare, two make their own sandboxes
+    taken = [spares.take("shown"), spares.take("shown", use=False), spares.take("shown", use=False)]
     assert taken[0] is made[0] and taken[1:] == [None, None]
     for _ in taken:
         spares.done(True)
@@ -373,7 +380,7 @@ def test_a_spare_ended_before_its_call_pauses_the_spares_and_only_repeated_ones_
         made.append(StandIn(dead).spare(key))
         return made[-1]
 
-    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None)
+    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None, ahead=1, makers=1)
     spares.make()
     try:
         for n in range(1, spare_module.FAILURES_OFF + 1):
@@ -387,3 +394,72 @@ def test_a_spare_ended_before_its_call_pauses_the_spares_and_only_repeated_ones_
     finally:
         spares.close()
         os.close(dead)
+
+
+def test_calls_back_to_back_each_run_in_a_sandbox_of_their_own(up_as: Up) -> None:
+    # The spares are made by several makers while calls take them: still one sandbox a call.
+    waiting_spare(up_as.server.process.pid, spare_module.AHEAD)
+    seen = [call(up_as, IN_SPARE + "; readlink /proc/self/ns/pid /proc/self/ns/mnt") for _ in range(3 * spare_module.AHEAD)]
+    assert [which for which, _ in seen].count("spare") >= spare_module.AHEAD, seen
+    namespaces = [rest for _, rest in seen]
+    assert len(set(namespaces)) == len(namespaces), namespaces
+
+
+def test_spares_are_made_at_once_by_each_maker_bounded_and_each_taken_by_one_call(stand_in: StandIn) -> None:
+    # The pool alone: two makers make two spares at the same time (each waits
+    # for the other inside its making), calls at once each get another spare,
+    # and a burst never has more made than MOST.
+    together = threading.Barrier(2, timeout=10)
+    made: list[spare_module.Spare] = []
+    making, most_making = [0], [0]
+    lock = threading.Lock()
+
+    def start(launch, key):
+        with lock:
+            making[0] += 1
+            most_making[0] = max(most_making[0], making[0])
+        if len(made) < 2:
+            together.wait()  # both first spares are in their making at once
+        with lock:
+            making[0] -= 1
+            made.append(stand_in.spare(key))
+            return made[-1]
+
+    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None, ahead=2, makers=2)
+    spares.make()
+    wait_for(lambda: len(made) == 2, what="two spares made at once")
+    taken: list[object] = []
+    calls = [threading.Thread(target=lambda: taken.append(spares.take("shown"))) for _ in range(2 * spare_module.MOST)]
+    for thread in calls:
+        thread.start()
+    for thread in calls:
+        thread.join(10)
+    found = [spare for spare in taken if spare is not None]
+    assert len(found) >= 2 and len({id(spare) for spare in found}) == len(found)  # none taken twice
+    for _ in calls:
+        spares.done(True)
+    wait_for(lambda: len(made) - len(found) == spare_module.MOST, what="the burst's spares")
+    assert len(made) - len(found) == spare_module.MOST and most_making[0] == 2
+    spares.close()
+
+
+def test_a_spare_is_made_again_at_once_only_when_a_call_took_the_last(monkeypatch, stand_in: StandIn) -> None:
+    # The pool alone: while one waits, its successor settles (the answer goes
+    # out first); a call that takes the last sets it going at once.
+    monkeypatch.setattr(spare_module, "SETTLE", 60.0)
+    made: list[spare_module.Spare] = []
+
+    def start(launch, key):
+        made.append(stand_in.spare(key))
+        return made[-1]
+
+    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None, ahead=2, makers=1)
+    spares.make()
+    wait_for(lambda: len(made) == 1, what="the first spare")  # none waited: it did not settle; the next does
+    assert spares.take("shown") is made[0]
+    wait_for(lambda: len(made) == 2, timeout=10, what="the next, made at once once the last was taken")
+    spares.done(True)  # one waits: the next settles
+    assert spares.take("shown") is made[1]
+    wait_for(lambda: len(made) == 3, timeout=10, what="the next, made at once once the last was taken")
+    spares.done(True)
+    spares.close()

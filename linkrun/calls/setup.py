@@ -47,9 +47,11 @@ def exec_size(text: str) -> int:
 
 def check_exec_size(launch: Launch) -> None:
     """Refuse what execve would fail with E2BIG (ARG_MAX), before anything runs."""
-    environment = os.environ if launch.env is None else launch.env
-    size = (sum(exec_size(a) + 9 for a in launch.argv)  # its NUL and its pointer
-            + sum(exec_size(k) + exec_size(v) + 10 for k, v in environment.items()))
+    if launch.env is None:  # serve's own, as bytes: what execve gets, with nothing to encode
+        environment = sum(len(k) + len(v) + 10 for k, v in os.environb.items())
+    else:
+        environment = sum(exec_size(k) + exec_size(v) + 10 for k, v in launch.env.items())
+    size = sum(exec_size(a) + 9 for a in launch.argv) + environment  # each its NUL and its pointer
     arg_max = os.sysconf("SC_ARG_MAX")
     if size > arg_max - LAUNCH_RESERVE:
         raise Refused(f"the program's arguments take {size} bytes with the sandbox's own and its environment, "

@@ -18,7 +18,6 @@ import select
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 from .child import SLICE, boottime, exit_status, kill_group
@@ -243,12 +242,14 @@ class Watch:
                     flowing = True
             elif fd in self._handlers:
                 self._handlers[fd]()
-        if flowing:
+        if flowing and not self.exited:
             # Let the pipe fill a little before the next wake: a flood written
             # 8 KiB at a time would otherwise wake us for every write. Not
             # after a large read: the writer is fast, and a pause (0.5 ms and
             # the timer's slack) would hold it at a pipe's worth per pause.
-            time.sleep(COALESCE)
+            # Nor past the leader's exit: a short program's few bytes and its
+            # end come together, and its answer waited the whole pause.
+            select.select([self._pidfd], [], [], COALESCE)
 
     def _on_exit(self) -> None:
         self._poller.unregister(self._pidfd)

@@ -16,6 +16,7 @@ import os
 import select
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import IO
@@ -116,18 +117,24 @@ class Runner:
 
     def __init__(self, groups: KeptGroups | None = None) -> None:
         self.groups = groups
-        self._leftovers: dict[int, tuple[threading.Timer, subprocess.Popen[bytes]]] = {}
-        self._lock = threading.Lock()
+        # Leftover groups by id, each with when it is killed: one thread kills
+        # them in turn (a thread started for each call cost its answer a hand-off).
+        self._leftovers: dict[int, tuple[float, subprocess.Popen[bytes]]] = {}
+        self._lock = threading.Condition()
+        self._killer: threading.Thread | None = None
 
     def close(self) -> None:
         """At serve's end: the leftovers killed now, not a second later."""
         with self._lock:
             pending = list(self._leftovers.items())
             self._leftovers.clear()
-        for pgid, (timer, process) in pending:
-            timer.cancel()
+            self._lock.notify_all()
+            killer = self._killer
+        for pgid, (_, process) in pending:
             kill_group(pgid)
             process.wait()
+        if killer is not None:
+            killer.join()
 
     def _group_ended(self, group: Group) -> None:
         if self.groups is not None:
@@ -247,18 +254,29 @@ class Runner:
                        cancel.cancelled, process.pid)
 
     def _kill_later(self, pgid: int, process: subprocess.Popen[bytes]) -> None:
-        def kill() -> None:
-            with self._lock:
-                if self._leftovers.pop(pgid, None) is None:
-                    return
-            kill_group(pgid)
-            process.wait()  # reaped only now, so the group id stayed ours
-
-        timer = threading.Timer(LEFTOVER_GRACE, kill)
-        timer.daemon = True
         with self._lock:
-            self._leftovers[pgid] = (timer, process)
-        timer.start()
+            self._leftovers[pgid] = (time.monotonic() + LEFTOVER_GRACE, process)
+            if self._killer is None:
+                self._killer = threading.Thread(target=self._kill_due, daemon=True, name="leftovers")
+                self._killer.start()
+
+    def _kill_due(self) -> None:
+        """Each leftover group killed at its time, then reaped (its id stayed
+        ours until then); the thread ends when none is left."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [pgid for pgid, (at, _) in self._leftovers.items() if at <= now]
+                if not due:
+                    if not self._leftovers:
+                        self._killer = None
+                        return
+                    self._lock.wait(min(at for at, _ in self._leftovers.values()) - now)
+                    continue
+                ended = [self._leftovers.pop(pgid)[1] for pgid in due]
+            for process in ended:
+                kill_group(process.pid)
+                process.wait()
 
 
 def _abandon(leader: Leader) -> None:

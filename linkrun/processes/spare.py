@@ -1,9 +1,10 @@
 """A sandbox made before its call: bubblewrap's set-up off the call's path.
 
 Setting up a sandbox (its namespaces, a mount per bind, its filter) is
-most of what a short call costs. So serve keeps a sandbox made ahead, at
-its start and again after each call (after calls at once, as many as ran
-at once, for a while: `Spares`): bwrap runs LOADER, a small `sh` that
+most of what a short call costs. So serve keeps sandboxes made ahead (AHEAD
+of them; after calls at once, as many as ran at once, for a while:
+`Spares`), made from its start and again as calls take them, by MAKERS
+threads at once: bwrap runs LOADER, a small `sh` that
 waits on its standard input for the call's program. The call writes a
 script there (`script`): into the call's folder, the shell's own variables
 dropped, `exec` of the program; and reads the loader's ACK before the
@@ -21,8 +22,8 @@ gets a sandbox made for it. At most one call waits for a spare being made
 (for its key, or one not known yet): it started earlier than a new one
 would; the others make their own at once.
 
-One thread makes them all: the thread that spawns a sandbox is the one
-its `--die-with-parent` is bound to, and this thread lives as long as serve.
+The makers are threads that live as long as serve: the thread that spawns
+a sandbox is the one its `--die-with-parent` is bound to.
 """
 
 from __future__ import annotations
@@ -58,9 +59,16 @@ LOADER_TAIL = ("/bin/sh", "-c", LOADER)
 # `read` costs a syscall a byte: a longer script costs more than the set-up it saves.
 SCRIPT_LIMIT = 8192
 
+# bwrap's set-up is CPU work (namespaces, mounts, the filter): makers past
+# the cores only queue for them, and more than 4 at once gained nothing.
+MAKERS = max(1, min(4, os.cpu_count() or 1))
+AHEAD = MAKERS  # spares kept at rest: calls back to back take them as fast as the makers make them
 MOST = 16  # spares kept after a burst of calls at once
 LINGER = 60.0  # seconds they are kept after it
 MAKING_WAIT = 15.0  # seconds serve's end waits for a spare being made (its hand-over may take 10)
+# A spare made while another waits is made this much later: serve's answer
+# to the call that took one goes out first, not behind the making's Python.
+SETTLE = 0.005
 QUIET = 5.0  # seconds without spares after one ended before its call
 FAILURES_OFF = 3  # spares that ended before their calls, none handed over between: no more spares
 _MAKING = object()  # the slot's key while a spare's launch is being prepared
@@ -145,24 +153,28 @@ def _kill_pending(pid: int) -> bool:
 
 
 class Spares:
-    """The spares, made one at a time by one thread that lives as long as serve.
+    """The spares, made `makers` at a time by threads that live as long as serve.
 
-    One is kept; after calls at once, as many as ran at once (at most MOST),
-    until LINGER seconds pass without so many, so that the next such burst
-    finds its sandboxes made. `prepare` gives a spare's launch and its key
-    (run on the thread), `start` spawns it, `end` kills and reaps one not taken.
+    `ahead` are kept; after calls at once, as many as ran at once (at most
+    MOST), until LINGER seconds pass without so many, so that the next such
+    burst finds its sandboxes made. A spare taken is made again after its
+    call, or at once, while it runs, when a call alone took the last; while
+    another waits, a making settles first (SETTLE). `prepare` gives a spare's launch and its key (run
+    on a maker), `start` spawns it, `end` kills and reaps one not taken.
     """
 
     def __init__(self, prepare: Callable[[], tuple[Launch, Hashable]], start: Callable[[Launch, Hashable], Spare],
-                 end: Callable[[Spare], None]) -> None:
+                 end: Callable[[Spare], None], ahead: int = AHEAD, makers: int = MAKERS) -> None:
         self._prepare, self._start, self._end = prepare, start, end
+        self._ahead, self._makers = ahead, makers
         self._lock = threading.Condition()
         self._ready: list[Spare] = []
-        self._making: object = None  # the key of the spare being made, _MAKING before it is known
+        self._making: dict[int, object] = {}  # each making's key, _MAKING before it is known
+        self._slots = iter(range(1 << 62))  # the makings' names
         self._in_flight = 0  # calls between take() and done()
-        self._wanted, self._wanted_since = 1, 0.0  # spares to keep, and when a burst last asked for that many
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._wanted, self._wanted_since = ahead, 0.0  # spares to keep, and when a burst last asked for that many
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()  # None: a maker ends
+        self._threads = 0  # makers running
         self._made = 0  # spares made so far (or failed): what a waiting call waits to change
         self._waiter = False  # a call waits for the spare being made: the next ones make their own
         self._closed = False
@@ -184,12 +196,12 @@ class Spares:
         with self._lock:
             self._in_flight += 1
             if self._in_flight >= self._wanted:
-                self._wanted, self._wanted_since = min(MOST, self._in_flight), time.monotonic()
+                self._wanted, self._wanted_since = max(self._ahead, min(MOST, self._in_flight)), time.monotonic()
             if not use:
                 return None
-            if not self._ready and not self._waiter and self._making in (_MAKING, key):
+            if not self._ready and not self._waiter and self._coming(key):
                 self._waiter, made = True, self._made
-                self._lock.wait_for(lambda: self._made != made or self._making not in (_MAKING, key))
+                self._lock.wait_for(lambda: self._made != made or not self._coming(key))
                 self._waiter = False
             found = None
             while self._ready and found is None:
@@ -198,11 +210,21 @@ class Spares:
                     found = spare
                 else:
                     stale.append(spare)
+            if not self._ready:
+                self._lock.notify_all()  # a making that settles goes on now
         if not all(_running(spare) for spare in stale):
             self._failed()
         if stale:
             self._run(functools.partial(self._end_all, stale))
+        if found is not None and not self._ready and self._in_flight == 1:
+            # Calls one after another, faster than spares were made: the next
+            # made while this one runs. Not in a burst: its calls make their own.
+            self.make()
         return found
+
+    def _coming(self, key: Hashable) -> bool:
+        """A spare being made may show what `key` names (under the lock)."""
+        return any(making in (_MAKING, key) for making in self._making.values())
 
     def handed(self, spare: Spare, ok: bool) -> None:
         """After a `take`n spare's hand-over: `ok`, the spares' failures are
@@ -236,13 +258,16 @@ class Spares:
         self.make()
 
     def make(self) -> None:
-        """Make the next spare, unless enough are there or one is on its way."""
-        with self._lock:
-            if (self._closed or self._off or self._making is not None
-                    or len(self._ready) >= self._wanted or time.monotonic() < self._quiet_until):
-                return  # after a quiet while, the spares' thread asks again
-            self._making = _MAKING
-        self._run(self._make)
+        """Make spares, as many at once as there are makers, until enough are there or on their way."""
+        while True:
+            with self._lock:
+                if (self._closed or self._off or len(self._making) >= self._makers
+                        or len(self._ready) + len(self._making) >= self._wanted
+                        or time.monotonic() < self._quiet_until):
+                    return  # after a quiet while, a maker asks again
+                slot = next(self._slots)
+                self._making[slot] = _MAKING
+            self._run(functools.partial(self._make, slot))
 
     def close(self) -> None:
         """At serve's end: the spares ended, one being made ended once made, and none made any more.
@@ -252,19 +277,24 @@ class Spares:
         go by its parent, then waits for it forever."""
         with self._lock:
             self._closed = True
-            self._lock.wait_for(lambda: self._making is None, timeout=MAKING_WAIT)
+            self._lock.notify_all()
+            self._lock.wait_for(lambda: not self._making, timeout=MAKING_WAIT)
             spares, self._ready = self._ready, []
+            threads = self._threads
         self._end_all(spares)
-        self._jobs.put(lambda: None)  # wakes the thread, if one runs: it ends
+        for _ in range(threads):
+            self._jobs.put(None)  # after the jobs queued before: each maker ends
 
-    def _make(self) -> None:
+    def _make(self, slot: int) -> None:
         spare = None
         try:
+            with self._lock:  # no hurry while one is ready: until a call takes the last
+                self._lock.wait_for(lambda: not self._ready or self._closed, timeout=SETTLE)
             if self._off:
                 return  # turned off since this making was asked for
             launch, key = self._prepare()
             with self._lock:
-                self._making = key
+                self._making[slot] = key
                 self._lock.notify_all()
                 closed = self._closed
             try:
@@ -285,18 +315,18 @@ class Spares:
             if spare is not None:  # closed meanwhile: ended before close() returns
                 self._end(spare)
             with self._lock:
-                self._making = None
+                del self._making[slot]
                 self._made += 1
                 self._lock.notify_all()
         self.make()  # the next, while fewer than wanted
 
     def _trim(self) -> None:
-        """LINGER seconds after the last burst: back to one spare."""
+        """LINGER seconds after the last burst: back to `ahead` spares."""
         with self._lock:
-            if self._wanted == 1 or time.monotonic() - self._wanted_since < LINGER or self._in_flight:
+            if self._wanted <= self._ahead or time.monotonic() - self._wanted_since < LINGER or self._in_flight:
                 return
-            self._wanted = 1
-            extra, self._ready = self._ready[:-1], self._ready[-1:]
+            self._wanted = self._ahead
+            extra, self._ready = self._ready[:-self._ahead], self._ready[-self._ahead:]
         self._end_all(extra)
 
     def _idle(self) -> float:
@@ -313,27 +343,31 @@ class Spares:
 
     def _run(self, job: Callable[[], None]) -> None:
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, daemon=True, name="spares")
-                self._thread.start()
+            while self._threads < self._makers and not self._closed:
+                self._threads += 1
+                threading.Thread(target=self._work, daemon=True, name="spares").start()
         self._jobs.put(job)
 
     def _work(self) -> None:
         while True:
             try:
-                self._jobs.get(timeout=self._idle())()
-                self._trim()
-                self.make()  # nothing when enough are there or one is on its way, or in a quiet while
+                job = self._jobs.get(timeout=self._idle())
             except queue.Empty:
+                job = _nothing  # a quiet while may have ended: spares again
+            if job is None:  # serve's end: the spares it spawned are ended, nothing is bound to it
+                with self._lock:
+                    self._threads -= 1
+                return
+            try:
+                job()
                 self._trim()
-                self.make()  # a quiet while may have ended: spares again
-            except Exception as problem:  # a bug of ours: said, the spares off, and the thread lives on
+                self.make()  # nothing when enough are there or on their way, or in a quiet while
+            except Exception as problem:  # a bug of ours: said, the spares off, and the maker lives on
                 self._turn_off(f"the spares failed: {problem!r}")
                 with self._lock:
-                    self._making = None
                     self._made += 1
                     self._lock.notify_all()
-            with self._lock:
-                if self._closed and self._making is None and self._jobs.empty():
-                    self._thread = None
-                    return  # the spares it spawned are ended: nothing is bound to it any more
+
+
+def _nothing() -> None:
+    pass

@@ -26,7 +26,6 @@ from conftest import (descendants, kill_quietly, parent_of, require_sandbox, spa
                       wait_for, waiting_spares)
 from linkrun.sandboxing import strays
 from linkrun.processes import spare as spare_module
-from linkrun.processes.runner import Request
 from linkrun.processes.spare import SCRIPT_LIMIT
 from up_harness import Up, processes_with, program_runs, running_as_root, start_up
 
@@ -301,8 +300,7 @@ def test_a_sandbox_whose_launcher_reads_its_output_is_no_stray_however_it_was_st
 
 def test_the_loader_hands_the_program_the_environment_it_was_given_under_dash_and_bash() -> None:
     # bash's exec sets SHLVL again after an unset; /bin/sh is bash on Fedora and Arch.
-    request = Request("/usr/bin/env", (), None, "", 10.0)
-    data = spare_module.script(request, ["/usr/bin/env"], "/")
+    data = spare_module.script(["/usr/bin/env"], "", "/", has_input=False)
     assert data is not None
     shells = [shell for shell in ("/bin/dash", "/bin/bash", "/bin/sh") if os.path.exists(shell)]
     for shell in shells:

@@ -183,7 +183,7 @@ class Caller:
         before it read the script: nothing of the call ran, its input is whole)."""
         if self.spares is None:
             return None
-        data = script(request, self.argv_tail(request), self.settings.files)
+        data = script(self.argv_tail(request), request.folder, self.settings.files, bool(request.input))
         spare = self.spares.take(self._key(launch), use=data is not None)
         if spare is None or data is None:
             return None

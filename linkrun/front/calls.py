@@ -19,10 +19,26 @@ from typing import Any, TypeGuard
 from .. import logger
 from .protocol import Channel
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..processes.runner import Cancel
+
 RequestId = str | int  # as the session accepts them
 Key = tuple[str, RequestId]
 # progress(progress, total, message): what a call's context holds when its client asked for progress.
 ProgressSender = Callable[[float, float | None, str | None], None]
+
+
+class CallContext:
+    """What the server knows of a call beyond its arguments: its _meta, its
+    cancel switch, and its progress sender when the client asked for one."""
+
+    __slots__ = ("meta", "cancel", "progress")
+
+    def __init__(self, meta: dict[str, object], cancel: Cancel, progress: ProgressSender | None = None) -> None:
+        self.meta, self.cancel, self.progress = meta, cancel, progress
+
+
 # Answered ids remembered for their late cancel (opencode sends one about 50 ms
 # after every answer): the most kept, so a client that never cancels costs little.
 ANSWERED_KEPT = 1024

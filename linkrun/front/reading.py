@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..state.records import Shown
     from ..config import Serve
     from ..detached.background import Background
-    from .tools import CallContext
+    from .calls import CallContext
 
 
 

@@ -27,14 +27,14 @@ from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
 )
-from .calls import Call, InFlight, RequestId, Workers, is_id, progress_token
+from .calls import Call, CallContext, InFlight, RequestId, Workers, is_id, progress_token
 from ..calls.setup import up_checks
 from .checks import Checks
 from .offer import Offer
 
 if TYPE_CHECKING:  # the tool layer, loaded once the first answer is out (Session.tools)
     from .results import ToolResult
-    from .tools import CallContext, Tools
+    from .tools import Tools
 
 LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 MODERN_VERSIONS = ("2026-07-28",)
@@ -308,7 +308,6 @@ class Session:
             name, arguments, meta = self._checked_call(params)
         except _BadParams as bad:
             return error(request_id, INVALID_PARAMS, str(bad))
-        from .tools import CallContext  # loaded: _checked_call asked the tool table
 
         call = Call(request_id, progress_token(meta))
         if not self.calls.add(call):

@@ -12,13 +12,13 @@ outcome; `start` has the owner try its launch before the record is made.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..calls.caller import Caller
 from ..processes import runner
 from .kept import KEPT_SCHEMA, Kept, kept_links
 from .reading import offer_kept
+from .calls import CallContext
 from .arguments import QUOTE_MAX, check_run, cut_values, quoted
 from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note
 from ..config import Serve
@@ -28,19 +28,6 @@ from .results import ToolResult, nullable
 
 if TYPE_CHECKING:
     from ..detached.background import Background
-
-
-# A call's progress to its client: (progress, total, message).
-Progress = Callable[[float, float | None, str | None], None]
-
-
-@dataclass
-class CallContext:
-    """What the server knows of a call beyond its arguments."""
-
-    meta: dict[str, object]
-    cancel: runner.Cancel
-    progress: Progress | None = None  # when the client asked for it
 
 
 _RUN_PROPERTIES = {

@@ -23,7 +23,7 @@ from .waiting import MAX_WAIT
 if TYPE_CHECKING:
     from ..detached.background import Background
     from ..state.records import Record
-    from .tools import CallContext
+    from .calls import CallContext
 
 DEFAULT_WAIT = 1.0  # seconds a write waits for the first bytes of its answer
 STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run

@@ -28,9 +28,17 @@ from ..state import records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from ..state.records import LinesBatch, Record
-    from .telling import WayIn
     from .wayin import Delivery, OutcomeName
+
+    class Destination(Protocol):
+        """Where and as whom to send, as this module reads it (telling.WayIn, which calls this module)."""
+
+        address: str | None
+        agent: str | None
+        keyring: str | None
 
 SHOWN = 50  # lines in one message at most; the rest are counted
 EVERY = 60.0  # seconds between two lines messages of one command, at least
@@ -127,7 +135,7 @@ def body(record: Record, batch: LinesBatch, message: str) -> bytes:
     }, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def tell_batch(state: str, record: Record, way_in: WayIn, log: Callable[[str], None]) -> Delivery | None:
+def tell_batch(state: str, record: Record, way_in: Destination, log: Callable[[str], None]) -> Delivery | None:
     """The pending lines, sealed if need be, told in one attempt each until none is left or one is not
     reached; the record written before each send and after it. None: nothing was pending. The caller
     holds the record's lock."""

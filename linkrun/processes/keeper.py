@@ -35,8 +35,21 @@ from __future__ import annotations
 import os
 
 from .. import logger
-from .capture import Capture
 from .group import CHUNK, grow_pipe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Captured(Protocol):
+        """What a keeper reads of the capture it keeps beside (capture.Capture, which holds the keeper)."""
+
+        head: bytearray
+        tail: bytearray
+        total: int
+
+        @property
+        def limit(self) -> int: ...
 
 OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -60,7 +73,7 @@ class Keeper:
     def active(self) -> bool:
         return self.fd is not None and not self.broken
 
-    def open(self, capture: Capture) -> None:
+    def open(self, capture: Captured) -> None:
         """The file, made now with all the capture holds (nothing was dropped yet)."""
         if self.fd is not None or self.broken:
             return
@@ -71,7 +84,7 @@ class Keeper:
             return
         self.write(bytes(capture.head + capture.tail))
 
-    def take(self, capture: Capture, chunk: memoryview) -> None:
+    def take(self, capture: Captured, chunk: memoryview) -> None:
         """`chunk`, read from the pipe and about to be fed to the capture."""
         if self.fd is None and capture.total + len(chunk) > capture.limit:
             self.open(capture)

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from ..sandboxing.cgroups import Group
     from ..sandboxing.launch import Launch
     from .group import Leader
-    from .runner import Request
 
 # Reads a line count, then that many lines, says so (ACK, on its output,
 # which serve reads before the program's), and runs them. `read` takes a
@@ -78,15 +77,15 @@ def quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def script(request: Request, argv: list[str], files: str) -> bytes | None:
-    """What the loader runs for `argv` in the request's folder, counted in
+def script(argv: list[str], folder: str, files: str, has_input: bool) -> bytes | None:
+    """What the loader runs for `argv` in `folder` (below `files`), counted in
     lines; None when it is over SCRIPT_LIMIT. The variables `sh` sets itself
     go: the program gets the sandbox's environment as it was given."""
-    folder = request.folder.strip("/")
+    folder = folder.strip("/")
     text = f"cd -- {quote(f'{files}/{folder}')} || exit 125\n" if folder not in ("", ".") else ""
     # bash's exec sets SHLVL again, whatever was unset: env drops it there.
     text += 'unset PWD OLDPWD SHLVL\ne=; [ -z "${BASH_VERSION-}" ] || e="/usr/bin/env -u SHLVL"\n'
-    text += "exec " + ("" if request.input else "0<>/dev/null ") + "$e "  # /dev/null as subprocess opens it
+    text += "exec " + ("" if has_input else "0<>/dev/null ") + "$e "  # /dev/null as subprocess opens it
     text += " ".join(quote(arg) for arg in argv)
     data = f"{text.count(chr(10)) + 1}\n{text}\n".encode(errors="surrogateescape")
     return data if len(data) <= SCRIPT_LIMIT else None

@@ -69,8 +69,16 @@ RACY = 50_000_000  # ns: a change this close before a look may be followed, unse
 Entries = list[tuple[str, os.stat_result | None]]  # None: a link below the top, seen through its folder
 Print = tuple[int, bytes]  # when the look began (ns), and the fingerprint it saw
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # serve's alone: etcwatch.py
-    from .etcwatch import EtcWatch
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Heard(Protocol):
+        """What `refresh` reads of a watch of the host's /etc (serve's alone: etcwatch.EtcWatch)."""
+
+        watching: bool
+        heard: int  # changes heard, counted
+        shown: int  # the most of them that a finished look began after (set by `refresh`)
+
 _prints: dict[str, Print] = {}  # a view's path → its print, read once by this process
 
 
@@ -165,7 +173,7 @@ def _make_current(state: str, etc: str, lock: int) -> None:  # under ETC_LOCK, `
     _remove_old(state)
 
 
-def refresh(link: str, watch: EtcWatch | None = None) -> None:
+def refresh(link: str, watch: Heard | None = None) -> None:
     """Before a launch: rebuild the view when the host's entries changed
     since it was made. With a `watch` that runs, when it heard a change no
     finished look began after, under ETC_LOCK: a launch that comes while

@@ -112,6 +112,8 @@ class InputPort:
         def pumped(fd: int) -> int:
             moved = pump(fd)
             if moved and self.held:
+                assert self.watch is not None  # a write is held only once attached
+                self.watch.answered = True  # no pause after this trickle: serve asks its look at once
                 for conn in list(self.held):
                     try:
                         conn.send(b'{"output":true}')

@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import time
 
 import pytest
 from background_helpers import META, background_argv, start, wait_ended, wait_running
 from conftest import parent_of, pid_alive, text_of, wait_for
 
+from linkrun.detached import input as program_input
 from linkrun.state import layout
 from up_harness import META as UP_META
 
@@ -113,6 +115,22 @@ def test_a_write_after_its_supervisor_was_killed_is_refused_and_the_command_swep
     wait_for(lambda: not pid_alive(supervisor), what="the supervisor to die")
     said = refusal(bg, id=command_id, text="late\n")
     assert "has ended (lost)" in said and "it takes no more input" in said
+
+
+def test_a_held_write_hears_when_its_answer_is_in_the_output_file(bg, state):
+    """The supervisor answers a held write a second time once the program's output after it is in the
+    file (serve then reads once, without a watch); no second answer without output, nor at the end."""
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got $x; read y; read z"])
+    wait_running(state, command_id)
+    held = program_input.ask(str(state), command_id, {"op": "write", "eof": False}, b"it\n", hold=30)
+    assert held == {"taken": 3, "output": True}
+    assert bg.call("read", {"id": command_id, "offset": 0}, meta=META)["structuredContent"]["text"] == "got it\n"
+    silent = program_input.ask(str(state), command_id, {"op": "write", "eof": False}, b"y\n", hold=0.2)
+    assert silent == {"taken": 2}
+    began = time.monotonic()
+    last = program_input.ask(str(state), command_id, {"op": "write", "eof": False}, b"z\n", hold=30)
+    assert last == {"taken": 2} and time.monotonic() - began < 10  # let go at its end, not held 30 s
+    assert wait_ended(state, command_id)["exit"] == 0
 
 
 def test_a_command_that_does_not_read_is_not_waiting(bg, state):

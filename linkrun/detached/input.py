@@ -7,8 +7,12 @@ one packet answers, so that nothing is written twice. The socket is gone
 once the program has ended, and a connect is then refused: the command ended.
 
 A request is a JSON line, then the bytes to write:
-    {"op": "write", "eof": bool}\\n<bytes>  →  {"taken": n} or {"error": why}
-    {"op": "look"}\\n                       →  {"waiting": bool}
+    {"op": "write", "eof": bool, "hold": bool}\\n<bytes>  →  {"taken": n} or {"error": why}
+    {"op": "look"}\\n                                     →  {"waiting": bool}
+With `hold`, a write taken keeps its connection: a second packet, {"output": true},
+says that the program's output after the write is in its file (the connection
+closes without it at the program's end): so serve reads its answer once, without
+a file watch. serve hangs up when it waits no longer.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
 
 SUFFIX = layout.WRITE
 MOST = 64 * 1024  # bytes one write may send: the packet's room, and a pipe's
+HELD_MOST = 16  # connections held for the output after their write; more are let go at once
 PENDING_MOST = 1024 * 1024  # bytes held for a program that does not read yet
 # What /proc/<pid>/wchan says of a process blocked reading a pipe or a terminal.
 READING = frozenset({"pipe_read", "anon_pipe_read", "pipe_wait", "pipe_wait_readable", "n_tty_read", "wait_woken"})
@@ -60,6 +65,7 @@ class InputPort:
         self.watch: Watch | None = None
         self.room_wanted = False  # the write end is polled for room
         self.gate_pid = 0
+        self.held: list[socket.socket] = []  # writes waiting for the output after them
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         state_fd = os.open(state, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         old = os.umask(0o177)
@@ -84,14 +90,46 @@ class InputPort:
             conn, _ = self.listener.accept()
         except BlockingIOError:
             return
-        with conn:
-            conn.settimeout(1.0)  # serve sends its one packet at once
-            try:
-                packet = conn.recv(MOST + 4096)
-                head, _, data = packet.partition(b"\n")
-                conn.send(orjson.dumps(self.answer(orjson.loads(head), data)))
-            except (OSError, ValueError):
-                return  # a caller gone or garbled: nothing was done for it
+        conn.settimeout(1.0)  # serve sends its one packet at once
+        try:
+            packet = conn.recv(MOST + 4096)
+            head, _, data = packet.partition(b"\n")
+            request = orjson.loads(head)
+            reply = self.answer(request, data)
+            conn.send(orjson.dumps(reply))
+        except (OSError, ValueError):
+            conn.close()  # a caller gone or garbled: nothing was done for it
+            return
+        if "taken" in reply and request.get("hold") and self.watch is not None and len(self.held) < HELD_MOST:
+            self.held.append(conn)
+            self.watch.on_ready(conn.fileno(), select.POLLIN, lambda: self._let_go(conn))
+        else:
+            conn.close()
+
+    def following(self, pump: Callable[[int], int]) -> Callable[[int], int]:
+        """The output's pump, telling the writes held that their answer is in the file as soon as it is:
+        before the loop's pause after a trickle, and without a watch on serve's side."""
+        def pumped(fd: int) -> int:
+            moved = pump(fd)
+            if moved and self.held:
+                assert self.watch is not None  # a write is held only once attached
+                self.watch.answered = True  # no pause after this trickle: serve asks its look at once
+                for conn in list(self.held):
+                    try:
+                        conn.send(b'{"output":true}')
+                    except OSError:
+                        pass  # serve hung up: it reads for itself
+                    self._let_go(conn)
+            return moved
+        return pumped
+
+    def _let_go(self, conn: socket.socket) -> None:
+        """A held write's connection, done: answered, or serve hung up."""
+        if conn in self.held:
+            self.held.remove(conn)
+            if self.watch is not None:
+                self.watch.forget(conn.fileno())
+        conn.close()
 
     def answer(self, request: dict[str, Any], data: bytes) -> dict[str, Any]:
         if request.get("op") == "look":
@@ -154,6 +192,8 @@ class InputPort:
         """At the program's end: no more writes; connects are refused from now on."""
         if self.watch is not None and self.listener.fileno() >= 0:
             self.watch.forget(self.listener.fileno())
+        for conn in list(self.held):
+            self._let_go(conn)  # it ended: serve reads what there is
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -227,9 +267,12 @@ def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, 
 ASK_WAIT = 2.0  # seconds a supervisor has to answer: it answers from its loop, at once
 
 
-def ask(state: str, command_id: str, request: dict[str, Any], data: bytes = b"") -> dict[str, Any] | None:
+def ask(state: str, command_id: str, request: dict[str, Any], data: bytes = b"",
+        hold: float = 0.0) -> dict[str, Any] | None:
     """serve's side: one request to the command's supervisor, its answer; None when
-    no supervisor listens (the program ended, or its supervisor is gone)."""
+    no supervisor listens (the program ended, or its supervisor is gone). With
+    `hold` seconds, a write taken waits up to that long for the program's output
+    after it to be in its file: then the answer has "output"."""
     state_fd = os.open(state, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as talk:
@@ -239,13 +282,26 @@ def ask(state: str, command_id: str, request: dict[str, Any], data: bytes = b"")
                 peer = talk.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
                 if int.from_bytes(peer[4:8], "little") != os.geteuid():
                     return None  # not our supervisor's: nothing is sent to it
-                talk.send(orjson.dumps(request) + b"\n" + data)
+                talk.send(orjson.dumps(request | ({"hold": True} if hold > 0 else {})) + b"\n" + data)
                 reply = talk.recv(4096)
             except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
                 return None
+            answer: dict[str, Any] | None = orjson.loads(reply) if reply else None
+            if answer is not None and hold > 0 and "taken" in answer:
+                answer.update(_output_after(talk, hold))
     finally:
         os.close(state_fd)
-    return orjson.loads(reply) if reply else None
+    return answer
+
+
+def _output_after(talk: socket.socket, hold: float) -> dict[str, Any]:
+    """The held write's second packet, {"output": true}, within `hold` seconds; {} when none came."""
+    talk.settimeout(hold)
+    try:
+        said = talk.recv(4096)
+    except (TimeoutError, ConnectionResetError):
+        return {}
+    return orjson.loads(said) if said else {}
 
 
 def waiting_for_input(state: str, record: Shown) -> bool:

@@ -307,7 +307,7 @@ class Supervisor:
             except Exception as problem:  # noqa: BLE001 - its lines go untold; the command runs all the same
                 logger.warning(f"cannot look for tell_on lines: {problem!r}")
                 self.teller, output.scan = None, None
-        watch.drain(gate.out_r, output.pump)
+        watch.drain(gate.out_r, output.pump if self.port is None else self.port.following(output.pump))
         watch.on_ready(self.wake_r, select.POLLIN, self.empty_wake_pipe)
         if self.port is not None:
             self.port.attach(watch, gate.process.pid)

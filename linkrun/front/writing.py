@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .calls import CallContext
 
 DEFAULT_WAIT = 1.0  # seconds a write waits for the first bytes of its answer
+HOLD = 1.0  # seconds the supervisor may hold a write's answer for the output after it
 STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run
 
 
@@ -67,16 +68,19 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     command_id: str = record["id"]
     with background.output_folder() as folder:
         before = outread.output_total(folder, background.state, command_id) or 0
-    # The output's watch is set before the write, so that no answer comes before it.
-    with background.watcher.watching(wait > 0):
-        reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data)
-        if reply is None:  # it ended, or its supervisor is gone (then a sweep says so now)
-            if not records.is_held(background.state, command_id):
-                background.sweep_one(command_id)
-            raise _no_input(background.reload(command_id))
-        if "error" in reply:
-            raise Refused(f"nothing was written to {command_id}: {reply['error']}")
-        chunk = background.read({"id": command_id, "offset": before}, meta, wait, report)
+    # The supervisor answers once the program's output after the write is in its file (or `hold` is over):
+    # then one read finds it, with no file watch started. Past `hold`, the read waits on the watch.
+    hold = min(wait, HOLD)
+    began = time.monotonic()
+    reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data, hold)
+    if reply is None:  # it ended, or its supervisor is gone (then a sweep says so now)
+        if not records.is_held(background.state, command_id):
+            background.sweep_one(command_id)
+        raise _no_input(background.reload(command_id))
+    if "error" in reply:
+        raise Refused(f"nothing was written to {command_id}: {reply['error']}")
+    left = 0.0 if reply.get("output") else max(0.0, wait - (time.monotonic() - began))
+    chunk = background.read({"id": command_id, "offset": before}, meta, left, report)
     result = read_answer(chunk, before, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))

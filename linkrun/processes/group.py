@@ -141,6 +141,7 @@ class Watch:
         self._poller.register(self._pidfd, select.POLLIN)
         self._streams: dict[int, Callable[[int], int]] = {}
         self._handlers: dict[int, Callable[[], None]] = {}
+        self.answered = False  # a sink told a reader of its output: no pause, it may ask again at once
 
     @property
     def exited(self) -> bool:
@@ -242,14 +243,16 @@ class Watch:
                     flowing = True
             elif fd in self._handlers:
                 self._handlers[fd]()
-        if flowing and not self.exited:
+        if flowing and not self.exited and not self.answered:
             # Let the pipe fill a little before the next wake: a flood written
             # 8 KiB at a time would otherwise wake us for every write. Not
             # after a large read: the writer is fast, and a pause (0.5 ms and
             # the timer's slack) would hold it at a pipe's worth per pause.
             # Nor past the leader's exit: a short program's few bytes and its
-            # end come together, and its answer waited the whole pause.
+            # end come together, and its answer waited the whole pause. Nor
+            # right after a write was answered (input.py): serve looks next.
             select.select([self._pidfd], [], [], COALESCE)
+        self.answered = False
 
     def _on_exit(self) -> None:
         self._poller.unregister(self._pidfd)

@@ -6,6 +6,7 @@ and as an ordinary user."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import stat
 import time
@@ -16,7 +17,7 @@ from conftest import parent_of, pid_alive, text_of, wait_for
 
 from linkrun.detached import input as program_input
 from linkrun.state import layout
-from up_harness import META as UP_META
+from up_harness import META as UP_META, processes_with
 
 OTHER = {"link.local/thread": "conversation-2"}
 
@@ -209,8 +210,11 @@ def test_in_the_sandbox_a_tty_command_has_a_terminal_of_its_own_and_ctrl_c_reach
     assert "TIOCSTI refused 1\r\n" in printed and "TIOCLINUX refused 1\r\n" in printed  # EPERM: the filter
     shell = up_start(up, "sh", tty=True)
     wait_for(lambda: up.read(shell)[0]["waiting"], what="the shell to wait at its prompt")
-    up_write(up, id=shell, text="sleep 100\n", wait=0)
-    wait_for(lambda: up.read(shell)[0]["waiting"] is False, what="sleep to run")
+    # Not "no longer waiting": the shell reads the line before sleep runs, and a
+    # Ctrl-C then reaches the shell alone, which goes on to run sleep.
+    seconds = f"100.{secrets.randbelow(10**6):06d}"  # sleep's own command line, found among the host's processes
+    up_write(up, id=shell, text=f"sleep {seconds}\n", wait=0)
+    wait_for(lambda: processes_with(f"sleep\0{seconds}"), what="sleep to run")
     up_write(up, id=shell, text="\u0003", wait=0)
     wait_for(lambda: up.read(shell)[0]["waiting"], what="the shell to be back at its prompt")
     assert "alive" in answered(up, shell, up_write(up, id=shell, text="echo ali''ve\n", wait=10), "alive\r\n")

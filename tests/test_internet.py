@@ -22,6 +22,7 @@ from up_harness import run_up, running_as_root
 
 from linkrun import doctor, up
 from linkrun.network import internet, proxy
+from linkrun.processes import spare
 from linkrun.sandboxing import sandbox
 from linkrun.errors import UsageError
 
@@ -154,7 +155,7 @@ def test_the_proxy_lets_go_of_a_calls_listener_when_its_sandbox_ends(tmp_path, s
     server = up_server(box)
     assert "200\nexit 0" in sh(server, status(f"http://127.0.0.2:{site}/first"))
     state = box.root / "State"
-    spare_ready(server.process.pid)  # its listener counted before as after
+    spare_ready(server.process.pid, spare.AHEAD)  # their listeners counted before as after: every spare at rest made
     before = proxy_descriptors(state)
     for index in range(5):
         assert "200\nexit 0" in sh(server, status(f"http://127.0.0.2:{site}/{index}"))

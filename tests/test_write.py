@@ -110,12 +110,16 @@ def test_an_ended_command_and_a_closed_input_are_refused(bg, state):
 
 
 def test_a_write_after_its_supervisor_was_killed_is_refused_and_the_command_swept(bg, state):
-    command_id = start(bg, program="sh", args=["-c", "read x; echo got $x"])
-    supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
-    os.kill(supervisor, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(supervisor), what="the supervisor to die")
-    said = refusal(bg, id=command_id, text="late\n")
-    assert "has ended (lost)" in said and "it takes no more input" in said
+    # Five times: serve's own sweep of the lost command may hold its record
+    # when the write comes (seen about once in fifteen); the write waits for
+    # it and says how the command ended, not that it "is ending".
+    for _ in range(5):
+        command_id = start(bg, program="sh", args=["-c", "read x; echo got $x"])
+        supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(lambda supervisor=supervisor: not pid_alive(supervisor), what="the supervisor to die")
+        said = refusal(bg, id=command_id, text="late\n")
+        assert "has ended (lost)" in said and "it takes no more input" in said, said
 
 
 def test_a_held_write_hears_when_its_answer_is_in_the_output_file(bg, state):

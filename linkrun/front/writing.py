@@ -109,16 +109,9 @@ def _checked(arguments: dict[str, Any]) -> tuple[bytes, bool, float]:
 
 def _running(background: Background, record: Record) -> Record:
     """The record once its program runs: a command just started may still be starting."""
-    command_id: str = record["id"]
     if record["state"] == records.State.STARTING:
-        deadline = time.monotonic() + STARTING_WAIT
-        with background.watcher.watching(True):
-            while time.monotonic() < deadline:
-                seen = background.watcher.changes(command_id)
-                record = background.reload(command_id)
-                if record["state"] != records.State.STARTING:
-                    break
-                background.watcher.wait_change(command_id, seen, max(0.0, min(0.5, deadline - time.monotonic())))
+        record = _record_until(background, record["id"], STARTING_WAIT,
+                               lambda record: record["state"] != records.State.STARTING)
     if record["state"] not in records.RUNNING_STATES:
         raise _no_input(record)
     return record
@@ -129,14 +122,28 @@ def _settled(background: Background, command_id: str) -> Record:
     ended: swept here when no one holds its lock; else waited for, since the
     lock's holder (its supervisor ending, or serve's own sweep of a lost one)
     writes the end. At most SETTLE_WAIT seconds: then as it stands."""
-    deadline = time.monotonic() + SETTLE_WAIT
+
+    def ended(record: Record) -> bool:
+        return record["state"] not in records.RUNNING_STATES
+
+    def sweep_if_free() -> None:
+        if not records.is_held(background.state, command_id):
+            background.sweep_one(command_id)
+
+    return _record_until(background, command_id, SETTLE_WAIT, ended, before=sweep_if_free)
+
+
+def _record_until(background: Background, command_id: str, seconds: float, done: Callable[[Record], bool],
+                  before: Callable[[], None] = lambda: None) -> Record:
+    """The record, loaded again at each change serve's watcher hears, until `done` says so or
+    `seconds` pass (then as it stands); `before` runs ahead of each load."""
+    deadline = time.monotonic() + seconds
     with background.watcher.watching(True):
         while True:
             seen = background.watcher.changes(command_id)
-            if not records.is_held(background.state, command_id):
-                background.sweep_one(command_id)
+            before()
             record = background.reload(command_id)
-            if record["state"] not in records.RUNNING_STATES or time.monotonic() >= deadline:
+            if done(record) or time.monotonic() >= deadline:
                 return record
             background.watcher.wait_change(command_id, seen, max(0.0, min(0.5, deadline - time.monotonic())))
 

@@ -127,6 +127,28 @@ def test_list_shows_a_command_whose_supervisor_died_as_lost_at_once(bg, state):
     assert (entry["id"], entry["state"]) == (command_id, "lost")
 
 
+def test_list_waits_for_the_end_a_sweep_is_writing_of_a_command_whose_supervisor_died(bg, state):
+    # A sweep (serve's own, another serve's, the bridge's) holds the lock
+    # while it writes the end: list, then, must not say the command runs.
+    command_id = start(bg, program="sleep", args=["100"])
+    gate = wait_running(state, command_id)["leader_pid"]
+    os.kill(parent_of(gate), signal.SIGKILL)
+    wait_for(lambda: not pid_alive(gate), what="the gate to die with its supervisor")
+    sweeping = records.try_lock(str(state), command_id)
+    assert sweeping is not None, "the lock is free once the supervisor is dead"
+    answers: list[dict] = []
+    lister = threading.Thread(target=lambda: answers.append(bg.call("list", {}, meta=META)))
+    try:
+        lister.start()
+        lister.join(0.5)  # while the lock is held, list has no answer to give yet
+        assert not answers, "list answered while the end was being written"
+    finally:
+        os.close(sweeping)  # a sweep that ended without writing: list sweeps it itself
+    lister.join(10)
+    entry = answers[0]["structuredContent"]["commands"][0]
+    assert (entry["id"], entry["state"]) == (command_id, "lost")
+
+
 def test_a_supervisor_sent_sigterm_ends_the_command_lost_and_untold(servers, files, tmp_path):
     state = tmp_path / "state-told"
     server = servers(serve_argv(files, "--state", str(state), "--way-in", "http://127.0.0.1:9/in", "--as", "agent",

@@ -42,6 +42,7 @@ HOPS_KEY = "link.local/hops"
 CLIENT_THREAD_KEY = "threadId"  # Codex's own thread, in every tools/call's _meta
 DEFAULT_THREAD = "default"  # the conversation of a plain client that names none
 STOP_WAIT = 5.0
+SETTLE_WAIT = 2.0  # seconds the end of a command whose supervisor is gone or ending may take to be written
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
 Entries = list[dict[str, Any]]  # commands as list and stop answer them (the class's own `list` hides the builtin)
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
@@ -266,13 +267,15 @@ class Background:
             record = records.load(self.state, command_id)
             if not record or record.get("thread") != thread:
                 continue
-            if record["state"] in records.RUNNING_STATES and not records.is_held(self.state, command_id):
-                # Its supervisor is gone: say so now rather than at the next sweep.
+            if record["state"] in records.RUNNING_STATES and not (records.is_held(self.state, command_id)
+                                                                  and records.gate_alive(record)):
+                # Its supervisor is gone or ending: say how it ended now rather than at the next sweep.
                 try:
-                    self.sweep_one(command_id)
+                    record = self.settled(command_id)
                 except OSError as problem:  # a full state folder: the next sweep mends it
                     logger.warning(f"cannot sweep {command_id} now: {problem}")
-                record = records.load(self.state, command_id) or record
+                except Refused:
+                    continue  # removed meanwhile
             own.append(record)
         own.sort(key=lambda r: r["started"], reverse=True)
         return self.entries(own)
@@ -366,17 +369,35 @@ class Background:
                 self.sweep_one(command_id)
             else:
                 records.write_stop(self.state, command_id, "stopped")
-                deadline = time.monotonic() + STOP_WAIT
-                with self.watcher.watching(True):
-                    while True:
-                        seen = self.watcher.changes(command_id)
-                        record = self.reload(command_id)
-                        if record["state"] not in records.RUNNING_STATES or time.monotonic() >= deadline:
-                            break
-                        self.watcher.wait_change(command_id, seen, min(0.5, deadline - time.monotonic()))
-                return self.entries([record])[0]
+                return self.entries([self.record_until(command_id, STOP_WAIT, ended)])[0]
             record = self.reload(command_id)
         return self.entries([record])[0]
+
+    def settled(self, command_id: str) -> Record:
+        """The record of a command whose supervisor is gone or ending, once it
+        says how the command ended: swept here when no one holds its lock;
+        else waited for, since the lock's holder (its supervisor ending, or a
+        sweep of a lost one) writes the end. At most SETTLE_WAIT seconds: then as it stands."""
+
+        def sweep_if_free() -> None:
+            if not records.is_held(self.state, command_id):
+                self.sweep_one(command_id)
+
+        return self.record_until(command_id, SETTLE_WAIT, ended, before=sweep_if_free)
+
+    def record_until(self, command_id: str, seconds: float, done: Callable[[Record], bool],
+                     before: Callable[[], None] = lambda: None) -> Record:
+        """The record, loaded again at each change the watcher hears, until `done` says so or
+        `seconds` pass (then as it stands); `before` runs ahead of each load."""
+        deadline = time.monotonic() + seconds
+        with self.watcher.watching(True):
+            while True:
+                seen = self.watcher.changes(command_id)
+                before()
+                record = self.reload(command_id)
+                if done(record) or time.monotonic() >= deadline:
+                    return record
+                self.watcher.wait_change(command_id, seen, max(0.0, min(0.5, deadline - time.monotonic())))
 
     def reload(self, command_id: str) -> Record:
         """The record again: one gone meanwhile (removed, or set aside as bad) is no command any more."""
@@ -389,6 +410,10 @@ class Background:
         from . import sweep  # only here: it loads the telling
 
         sweep.sweep_record(self.state, command_id)
+
+
+def ended(record: Record) -> bool:
+    return record["state"] not in records.RUNNING_STATES
 
 
 def _write_new(path: str, data: bytes) -> None:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 DEFAULT_WAIT = 1.0  # seconds a write waits for the first bytes of its answer
 HOLD = 1.0  # seconds the supervisor may hold a write's answer for the output after it
 STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run
-SETTLE_WAIT = 2.0  # seconds a refused write waits for the sweep or the supervisor that holds the record to end it
 
 
 def write_tool() -> dict[str, Any]:
@@ -75,7 +74,7 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     began = time.monotonic()
     reply = program_input.ask(background.state, command_id, {"op": "write", "eof": eof}, data, hold)
     if reply is None:  # it ended, or its supervisor is gone: the answer says how, once the record says it
-        raise _no_input(_settled(background, command_id))
+        raise _no_input(background.settled(command_id))
     if "error" in reply:
         raise Refused(f"nothing was written to {command_id}: {reply['error']}")
     left = 0.0 if reply.get("output") else max(0.0, wait - (time.monotonic() - began))
@@ -110,42 +109,11 @@ def _checked(arguments: dict[str, Any]) -> tuple[bytes, bool, float]:
 def _running(background: Background, record: Record) -> Record:
     """The record once its program runs: a command just started may still be starting."""
     if record["state"] == records.State.STARTING:
-        record = _record_until(background, record["id"], STARTING_WAIT,
-                               lambda record: record["state"] != records.State.STARTING)
+        record = background.record_until(record["id"], STARTING_WAIT,
+                                         lambda record: record["state"] != records.State.STARTING)
     if record["state"] not in records.RUNNING_STATES:
         raise _no_input(record)
     return record
-
-
-def _settled(background: Background, command_id: str) -> Record:
-    """The record of a command that takes no more input, once it says how it
-    ended: swept here when no one holds its lock; else waited for, since the
-    lock's holder (its supervisor ending, or serve's own sweep of a lost one)
-    writes the end. At most SETTLE_WAIT seconds: then as it stands."""
-
-    def ended(record: Record) -> bool:
-        return record["state"] not in records.RUNNING_STATES
-
-    def sweep_if_free() -> None:
-        if not records.is_held(background.state, command_id):
-            background.sweep_one(command_id)
-
-    return _record_until(background, command_id, SETTLE_WAIT, ended, before=sweep_if_free)
-
-
-def _record_until(background: Background, command_id: str, seconds: float, done: Callable[[Record], bool],
-                  before: Callable[[], None] = lambda: None) -> Record:
-    """The record, loaded again at each change serve's watcher hears, until `done` says so or
-    `seconds` pass (then as it stands); `before` runs ahead of each load."""
-    deadline = time.monotonic() + seconds
-    with background.watcher.watching(True):
-        while True:
-            seen = background.watcher.changes(command_id)
-            before()
-            record = background.reload(command_id)
-            if done(record) or time.monotonic() >= deadline:
-                return record
-            background.watcher.wait_change(command_id, seen, max(0.0, min(0.5, deadline - time.monotonic())))
 
 
 def _no_input(record: Record) -> LinkRunError:

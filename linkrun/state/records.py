@@ -332,6 +332,24 @@ def is_held(state: str, command_id: str) -> bool:
     return False
 
 
+def gate_alive(record: Record) -> bool:
+    """False once the program's gate has ended (it dies with its supervisor,
+    gate.py): the record's end is being written, by its supervisor or a sweep.
+    True while it runs, and before it is known (a command still starting)."""
+    leader = record.get("leader_pid")
+    if not leader:
+        return True
+    if record.get("boot_id") != boot_id():
+        return False  # another boot: that process is long gone
+    try:
+        with open(f"/proc/{leader}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # A zombie is gone too: its supervisor died, and no one may reap it soon.
+    return fields[0] not in (b"Z", b"X") and int(fields[19]) == record.get("leader_start")
+
+
 def running_ids(state: str) -> list[str]:
     """The commands that run: a record that says so, and its supervisor holding its lock."""
     running = []

@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import RawServer, serve_argv, text_of, wait_for
 
 from linkrun.state import records
 
 META = {"link.local/thread": "conversation-1"}
+OTHER = {"link.local/thread": "conversation-2"}
 
 
 def background_argv(files: Path, state: Path, *, running: str = "4", output: str = "16M", per_day: str = "100",
@@ -58,3 +60,11 @@ def wait_ended(state: Path | str, command_id: str, timeout: float = 15) -> dict:
 
 def wait_running(state: Path | str, command_id: str, timeout: float = 15) -> dict:
     return wait_record(state, command_id, lambda r: r["state"] == "running", f"{command_id} to run", timeout)
+
+
+@pytest.fixture
+def bg(servers, files: Path, state: Path) -> RawServer:
+    """A serve with background commands on, initialized (a fixture of every test module: conftest's pytest_plugins)."""
+    server = servers(background_argv(files, state))
+    server.initialize()
+    return server

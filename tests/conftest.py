@@ -24,8 +24,9 @@ import orjson
 import pytest
 from site_helpers import SiteServer, serve_site
 
-# The stand-in way in's fixtures (keyring, short_dir, way_ins), and the leak check, for every test module.
-pytest_plugins = ["standin_helpers", "leak_helpers"]
+# Fixtures for every test module: the stand-in way in's (keyring, short_dir, way_ins), the told tests'
+# ways in read message by message (ways_in), a serve with background commands (bg); and the leak check.
+pytest_plugins = ["standin_helpers", "told_helpers", "background_helpers", "leak_helpers"]
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -306,10 +307,12 @@ def stop_what_runs(state: Path, reason: str = "stopped") -> None:
 
 @pytest.fixture
 def state(tmp_path: Path) -> Iterator[Path]:
-    """A state folder for background commands; nothing a test started there may outlive it."""
+    """A state folder for background commands; nothing a test started there may
+    outlive it: what still runs at the end is stopped as the agent's service
+    stopping would, lost and not told, so that no supervisor lingers telling."""
     folder = tmp_path / "state"
     yield folder
-    stop_what_runs(folder)
+    stop_what_runs(folder, "agent stopping")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from conftest import serve_argv
 
-OTHER = {"link.local/thread": "conversation-2"}
 # 300000 numbered lines of 7 bytes: "000000\n" … "299999\n", 2100000 bytes.
 NUMBERS = ["-c", "for i in range(300000): print(f'{i:06d}')"]
 

@@ -13,20 +13,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from background_helpers import META, background_argv, payload, read, record, start, wait_ended, wait_running
+from background_helpers import META, OTHER, background_argv, payload, read, record, start, wait_ended, wait_running
 from conftest import SERVER, parent_of, pid_alive, serve_argv, text_of, wait_for
 
 from linkrun.state import layout, records
-
-OTHER = {"link.local/thread": "conversation-2"}
-
-
-@pytest.fixture
-def bg(servers, files, state):
-    server = servers(background_argv(files, state))
-    server.initialize()
-    return server
-
 
 def test_start_answers_at_once_and_the_command_runs_to_its_end(bg, state, files):
     started = time.monotonic()

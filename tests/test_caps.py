@@ -69,13 +69,6 @@ def test_every_command_that_ran_is_counted_even_with_serve_killed_mid_start(serv
 # -- arguments Linux cannot pass --------------------------------------------------------
 
 
-@pytest.fixture
-def bg(servers, files, state):
-    server = servers(background_argv(files, state))
-    server.initialize()
-    return server
-
-
 def refused(result: dict) -> str:
     text = text_of(result)
     assert result.get("isError") is True and text.startswith("Refused: "), text[:300]

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from background_helpers import META, background_argv, payload
+from background_helpers import META, OTHER, background_argv, payload
 from conftest import serve_argv, text_of
-from kept_helpers import NUMBERS, OTHER, keep_argv, numbers
+from kept_helpers import NUMBERS, keep_argv, numbers
 
 def kept_files(state: Path) -> list[str]:
     folder = state / "kept"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from background_helpers import META, background_argv, start, wait_ended
+from background_helpers import META, OTHER, background_argv, start, wait_ended
 from conftest import text_of
-from kept_helpers import NUMBERS, OTHER, keep_argv
+from kept_helpers import NUMBERS, keep_argv
 
 KEEP = ("--keep-output", "16M", "--keep-for", "1d", "--keep-total", "256M")
 

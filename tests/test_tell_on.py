@@ -12,27 +12,11 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 from conftest import clean_env, serve_argv, text_of, wait_for
 from standin_helpers import output_block
-from told_helpers import (AGENT, META, make_keyring, start, state_of, supervisor_of_record, sweep, told_argv,
-                          wait_record, ways_in_of)
+from told_helpers import AGENT, META, start, supervisor_of_record, sweep, told_argv, wait_record
 
 from linkrun.state import layout, records
-
-@pytest.fixture
-def keyring(tmp_path):
-    return make_keyring(tmp_path)
-
-
-@pytest.fixture
-def ways_in(keyring):
-    yield from ways_in_of(keyring)
-
-
-@pytest.fixture
-def state(tmp_path):
-    yield from state_of(tmp_path)
 
 
 # Prints each argument on a cue: the first at once, the next once `cue-1` exists, and so on; then waits for `end`.

@@ -13,25 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import parent_of, SERVER, clean_env, pid_alive, text_of, wait_for
 from standin_helpers import output_block
-from told_helpers import (AGENT, META, WayIn, make_keyring, start, state_of, supervisor_of_record, sweep,  # noqa: F401
-                          told_argv, wait_record, ways_in_of)
+from told_helpers import AGENT, META, WayIn, start, supervisor_of_record, sweep, told_argv, wait_record  # noqa: F401
 
 from linkrun.state import layout, records
-
-
-@pytest.fixture
-def keyring(tmp_path):
-    return make_keyring(tmp_path)
-
-
-@pytest.fixture
-def ways_in(keyring):
-    yield from ways_in_of(keyring)
-
-
-@pytest.fixture
-def state(tmp_path):
-    yield from state_of(tmp_path)
 
 
 @pytest.mark.parametrize("script, state_name, words", [

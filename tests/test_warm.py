@@ -62,9 +62,16 @@ def warm_start(server, state: Path, **arguments: object) -> str:
     return command_id
 
 
-def test_a_warm_supervisor_is_detached_in_a_session_of_its_own_and_says_so(servers, files, state):
-    server = servers(background_argv(files, state))
-    server.initialize()
+def ready_warm_server(server, state: Path) -> int:
+    """The warm fork server, once a start was forked by it."""
+    warm_start(server, state, program="true")
+    forks = warm_server(server.process.pid)
+    assert forks is not None
+    return forks
+
+
+def test_a_warm_supervisor_is_detached_in_a_session_of_its_own_and_says_so(bg, files, state):
+    server = bg
     command_id = warm_start(server, state, program="sleep", args=["100"])
     supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
     assert server.process.pid not in ancestors(supervisor)  # nobody's child that waits, serve's least of all
@@ -93,12 +100,9 @@ def test_without_the_server_a_start_boots_its_supervisor(servers, files, state):
     assert warm_server(server.process.pid) is None
 
 
-def test_a_killed_server_is_replaced_and_every_start_still_runs(servers, files, state):
-    server = servers(background_argv(files, state))
-    server.initialize()
-    warm_start(server, state, program="true")
-    first = warm_server(server.process.pid)
-    assert first is not None
+def test_a_killed_server_is_replaced_and_every_start_still_runs(bg, files, state):
+    server = bg
+    first = ready_warm_server(server, state)
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: not pid_alive(first), what="the server to die")
     command_id = start(server, program="sh", args=["-c", "echo after"])  # the booted way, at once
@@ -110,9 +114,8 @@ def test_a_killed_server_is_replaced_and_every_start_still_runs(servers, files, 
 
 
 @pytest.mark.parametrize("how", ["killed", "its input closed"])
-def test_when_serve_ends_the_server_ends_and_supervisors_live_on(servers, files, state, how):
-    server = servers(background_argv(files, state))
-    server.initialize()
+def test_when_serve_ends_the_server_ends_and_supervisors_live_on(bg, files, state, how):
+    server = bg
     command_id = warm_start(server, state, program="sh", args=["-c", "read line; echo got $line"], input="it\n")
     running = warm_start(server, state, program="sleep", args=["100"])
     supervisor = parent_of(wait_running(state, running)["leader_pid"])
@@ -132,12 +135,9 @@ def test_when_serve_ends_the_server_ends_and_supervisors_live_on(servers, files,
     assert wait_ended(state, running)["state"] in ("lost", "stopped")
 
 
-def test_a_server_that_stops_answering_is_killed_and_the_start_boots_its_supervisor(servers, files, state):
-    server = servers(background_argv(files, state))
-    server.initialize()
-    warm_start(server, state, program="true")
-    stuck = warm_server(server.process.pid)
-    assert stuck is not None
+def test_a_server_that_stops_answering_is_killed_and_the_start_boots_its_supervisor(bg, files, state):
+    server = bg
+    stuck = ready_warm_server(server, state)
     os.kill(stuck, signal.SIGSTOP)
     started = time.monotonic()
     command_id = start(server, program="sh", args=["-c", "echo after"])

@@ -11,23 +11,12 @@ import signal
 import stat
 import time
 
-import pytest
-from background_helpers import META, background_argv, start, wait_ended, wait_running
+from background_helpers import META, OTHER, background_argv, start, wait_ended, wait_running
 from conftest import parent_of, pid_alive, text_of, wait_for
 
 from linkrun.detached import input as program_input
 from linkrun.state import layout
 from up_harness import META as UP_META, processes_with
-
-OTHER = {"link.local/thread": "conversation-2"}
-
-
-@pytest.fixture
-def bg(servers, files, state):
-    server = servers(background_argv(files, state))
-    server.initialize()
-    return server
-
 
 def write(server, meta=META, **arguments: object) -> dict:
     """A write's answer, which must not be an error."""

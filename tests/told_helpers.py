@@ -8,13 +8,14 @@ import os
 import subprocess
 from pathlib import Path
 
-from conftest import SERVER, clean_env, serve_argv, stop_what_runs, text_of, wait_for
+import pytest
+from conftest import SERVER, clean_env, serve_argv, text_of, wait_for
+from standin_helpers import AGENT
 from standin_helpers import WayIn as StandIn
 
 from linkrun.state import layout, records
 
 META = {"link.local/thread": "conversation-1", "link.local/hops": 1}
-AGENT = "test-agent"
 
 
 class WayIn(StandIn):
@@ -37,17 +38,8 @@ class WayIn(StandIn):
         return len(self.out) == self.taken
 
 
-def make_keyring(tmp_path: Path) -> Path:
-    """A keyring holding a key for AGENT."""
-    folder = tmp_path / "keyring"
-    folder.mkdir(mode=0o700)
-    key = folder / f"{AGENT}.key"
-    key.write_bytes(os.urandom(32).hex().encode() + b"\n")
-    key.chmod(0o600)
-    return folder
-
-
-def ways_in_of(keyring: Path):
+@pytest.fixture
+def ways_in(keyring: Path):  # a fixture of every test module (conftest's pytest_plugins)
     """Yields a starter of stand-in ways in, and stops each it started."""
     started: list[WayIn] = []
 
@@ -59,13 +51,6 @@ def ways_in_of(keyring: Path):
     yield start
     for way_in in started:
         way_in.stop()
-
-
-def state_of(tmp_path: Path):
-    """Yields a state folder; what runs there at the end is stopped, lost, so that no supervisor lingers telling."""
-    folder = tmp_path / "state"
-    yield folder
-    stop_what_runs(folder, "agent stopping")
 
 
 def told_argv(files, state, keyring, address, keep="1d", timeout="1h"):

@@ -54,14 +54,14 @@ def main(argv: list[str]) -> int:
     tail = program_argv(program[0], program[1:])
     if "--print" in flags:
         with prepare(box, tail, watch_init=False, git_check=False) as launch:
-            print(shlex.join(launch.argv))
+            print(shlex.join(launch.command()))
         return 0
     if sandbox.hosts:
         _internet_for(folder, sandbox)
     # Run and waited for, not exec'd: the git check (gitcheck.py) runs once the
     # sandbox ended. With the internet the agent's proxy is kept meanwhile.
     with prepare(box, tail, watch_init=bool(sandbox.hosts)) as launch, launch.spawning():
-        process = subprocess.Popen(launch.argv, pass_fds=launch.fds, cwd=folder.files, env=launch.env)
+        process = subprocess.Popen(launch.command(), pass_fds=launch.fds, cwd=folder.files, env=launch.env)
         init = launch.started()
         while True:
             try:

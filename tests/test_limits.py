@@ -162,13 +162,15 @@ def test_a_limited_launch_is_born_in_its_group_and_a_launch_never_spawned_leaves
     launch = prepare(box, ["/bin/cat", "/proc/self/cgroup"])
     group = launch.group
     assert all(os.path.isdir(folder) for folder in group.folders)
-    if group.version == 2:  # a small sh joins it, then execs the sandbox
-        assert launch.argv[:3] == ["/bin/sh", "-c", JOIN] and launch.argv[4:4 + len(group.procs)] == group.procs
+    assert launch.argv == ["/usr/bin/env", "--", "/bin/cat", "/proc/self/cgroup"]
+    command = launch.command()
+    if group.version == 2:  # spawned by Popen, a small sh joins it, then execs the sandbox
+        assert command[:3] == ["/bin/sh", "-c", JOIN] and command[4:4 + len(group.procs)] == group.procs
     else:  # the spawning thread is in it for the spawn: no exec on the way
-        assert launch.argv == ["/usr/bin/env", "--", "/bin/cat", "/proc/self/cgroup"]
+        assert command == launch.argv
     mine = Path("/proc/thread-self/cgroup").read_text()
     with launch.spawning():
-        child = subprocess.run(launch.argv, capture_output=True, text=True, check=True)
+        child = subprocess.run(command, capture_output=True, text=True, check=True)
     name = "/" + os.path.basename(group.folders[0])
     assert any(line.endswith(name) for line in child.stdout.splitlines())
     assert Path("/proc/thread-self/cgroup").read_text() == mine  # the spawning thread is back in its own

@@ -51,7 +51,7 @@ def check_exec_size(launch: Launch) -> None:
         environment = sum(len(k) + len(v) + 10 for k, v in os.environb.items())
     else:
         environment = sum(exec_size(k) + exec_size(v) + 10 for k, v in launch.env.items())
-    size = sum(exec_size(a) + 9 for a in launch.argv) + environment  # each its NUL and its pointer
+    size = sum(exec_size(a) + 9 for a in launch.command()) + environment  # each its NUL and its pointer
     arg_max = os.sysconf("SC_ARG_MAX")
     if size > arg_max - LAUNCH_RESERVE:
         raise Refused(f"the program's arguments take {size} bytes with the sandbox's own and its environment, "

@@ -17,7 +17,8 @@ passes ours on (a pass-through sandbox in tests).
 A supervisor that is still single-threaded at step 3 (every one but in a
 rare case) forks its gate instead (`spawn`): the same steps, without the
 interpreter's start that an exec of this script costs, on the way from
-`start` to the program.
+`start` to the program, and it joins the command's cgroup itself where the
+booted gate's sandbox command starts with a shell that joins it.
 """
 
 import ctypes
@@ -26,8 +27,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:  # run as a script, the gate imports nothing of the package
+    from linkrun.sandboxing.launch import Launch
 
 PR_SET_PDEATHSIG = 1
 
@@ -81,28 +84,31 @@ class Forked(subprocess.Popen[bytes]):
         pass
 
 
-def spawn(argv: "list[str]", env: "dict[str, str] | None", stdin: int, out: int, control: int, fds: Sequence[int],
-          folder: int) -> "subprocess.Popen[bytes]":
-    """The gate, in a process group of its own, in `folder`, with stdin, the
-    output pipe and `fds` (at their numbers): a fork of this single-threaded
-    supervisor, else (a thread of its runs) this script, booted."""
+def spawn(launch: "Launch", stdin: int, out: int, control: int, folder: int) -> "subprocess.Popen[bytes]":
+    """The launch's gate, in a process group of its own, in `folder`, with
+    stdin, the output pipe and the launch's descriptors (at their numbers): a
+    fork of this single-threaded supervisor, which joins the launch's cgroup
+    itself, else (a thread of its runs) this script, booted, running the
+    launch's command (which joins it through a shell)."""
+    env, fds = launch.env, launch.fds
     if threading.active_count() > 1:  # a fork of a threaded process may inherit a lock held
         return subprocess.Popen(
             [sys.executable, "-I", "-S", __file__, str(os.getpid()), str(control), "keep" if env is None else "clear",
-             *argv],
+             *launch.command()],
             stdin=stdin, stdout=out, stderr=out, pass_fds=(control, *fds), cwd=f"/proc/self/fd/{folder}",
             process_group=0, close_fds=True, env=env)
     supervisor = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _forked(supervisor, argv, {} if env is not None else dict(os.environ), stdin, out, control, fds, folder)
+        _forked(supervisor, launch, {} if env is not None else dict(os.environ), stdin, out, control, folder)
     os.setpgid(pid, pid)  # as the child does: the group is ours to kill from now on
     return Forked(pid)
 
 
-def _forked(supervisor: int, argv: "list[str]", env: "dict[str, str]", stdin: int, out: int, control: int,
-            fds: Sequence[int], folder: int) -> NoReturn:
-    """The forked gate: what Popen's child would do, then the gate's steps."""
+def _forked(supervisor: int, launch: "Launch", env: "dict[str, str]", stdin: int, out: int, control: int,
+            folder: int) -> NoReturn:
+    """The forked gate: what Popen's child would do, its cgroup joined, then the gate's steps."""
+    fds = launch.fds
     code = 125
     try:
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -120,7 +126,8 @@ def _forked(supervisor: int, argv: "list[str]", env: "dict[str, str]", stdin: in
             os.closerange(low + 1, high)  # nothing of the supervisor's but what the sandbox is handed
         for fd in fds:
             os.set_inheritable(fd, True)
-        code = gate(supervisor, control, env, argv)
+        launch.join()  # where the shell's exec would have: no shell to start
+        code = gate(supervisor, control, env, launch.argv)
     finally:
         os._exit(code)
 

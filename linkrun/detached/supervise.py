@@ -281,7 +281,7 @@ class Supervisor:
         stdin, self.port = program_input(self.state, self.id, bool(self.record.get("tty")))  # given, or a pipe
         try:
             with launch.spawning():  # born in the command's cgroup, where it has one
-                process = spawn(launch.argv, launch.env, stdin, out_w, control_r, launch.fds, folder_fd)
+                process = spawn(launch, stdin, out_w, control_r, folder_fd)
         finally:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)

@@ -176,7 +176,7 @@ class Runner:
         """The launch spawned, its group taken, its init held (`Launch.started`)."""
         with launch.spawning():
             process = subprocess.Popen(
-                launch.argv,
+                launch.command(),
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -131,7 +131,7 @@ def start_probe(fixed: Sequence[str], folder: agent_folder.AgentFolder, write: S
                      watch_init=False)
     with launch:
         try:
-            process = subprocess.Popen(launch.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            process = subprocess.Popen(launch.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        cwd=folder.files, pass_fds=launch.fds, stdin=subprocess.DEVNULL, env=launch.env)
         except OSError as error:
             raise LinkRunError(f"the sandbox did not start: {error}",

@@ -162,7 +162,7 @@ def test_a_limited_launch_is_born_in_its_group_and_a_launch_never_spawned_leaves
     launch = prepare(box, ["/bin/cat", "/proc/self/cgroup"])
     group = launch.group
     assert all(os.path.isdir(folder) for folder in group.folders)
-    assert launch.argv == ["/usr/bin/env", "--", "/bin/cat", "/proc/self/cgroup"]
+    assert launch.argv == ["/bin/cat", "/proc/self/cgroup"]  # a pass-through of env alone runs the program itself
     command = launch.command()
     if group.version == 2:  # spawned by Popen, a small sh joins it, then execs the sandbox
         assert command[:3] == ["/bin/sh", "-c", JOIN] and command[4:4 + len(group.procs)] == group.procs

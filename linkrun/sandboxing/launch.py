@@ -58,6 +58,7 @@ from collections.abc import Sequence
 from ..config import Limits
 from ..kernel import own_session_keyring
 from .initpid import init_pidfd
+from .sandboxkey import shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
@@ -386,34 +387,6 @@ def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int
         raise
     launch.argv = fixed + part + ["--", *tail]
     return launch
-
-
-_BY_FD = {"--bind-fd", "--ro-bind-fd", "--seccomp"}
-BINDS_BY_PATH = {"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"}
-
-
-def shown(args: Sequence[str]) -> tuple[object, ...]:
-    """What a sandbox argv shows, for telling two launches apart: the argv
-    with each bound folder or file named by its identity (and the filter by
-    its size and time too: bwrap reads it), a descriptor's number dropped.
-    The caller leaves out `--chdir`: a spare enters the call's folder itself."""
-    key: list[object] = []
-    at = 0
-    while at < len(args):
-        flag = args[at]
-        key.append(flag)
-        if flag in _BY_FD:
-            info = os.fstat(int(args[at + 1]))
-            key.append((info.st_dev, info.st_ino) + ((info.st_size, info.st_mtime_ns) if flag == "--seccomp" else ()))
-            at += 1
-        elif flag in BINDS_BY_PATH:
-            try:
-                info = os.stat(args[at + 1])
-                key.append((info.st_dev, info.st_ino))
-            except OSError:
-                key.append(None)
-        at += 1
-    return tuple(key)
 
 
 def _hold_program(launch: Launch) -> list[str]:

@@ -6,7 +6,7 @@ import os
 import stat
 
 from ..errors import Refused
-from .launch import BINDS_BY_PATH
+from .sandboxkey import BINDS_BY_PATH
 
 
 class Programs:

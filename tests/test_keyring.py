@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import SYSTEM_PATH, require_sandbox
@@ -163,3 +164,36 @@ def test_keyctls_numbers_are_the_filters():
 
     assert {machine: kernel.KEYCTL[machine] for machine in seccomp.SYSCALLS} == {
         machine: numbers["keyctl"] for machine, numbers in seccomp.SYSCALLS.items()}
+
+
+def test_a_background_commands_program_has_a_session_keyring_of_its_own(servers, files, state):
+    """A background command's gate, forked by its supervisor, enters a new session
+    keyring itself (launch.Launch.enter) before it becomes the sandbox: nothing of
+    the keyring serve was started in, which its supervisors inherit, is reached."""
+    from background_helpers import background_argv, start, wait_ended
+
+    from linkrun.detached.warm import FORKED
+    from linkrun.state import layout
+
+    python = shutil.which("python3", path=SYSTEM_PATH)
+    assert python is not None
+    looks: list[dict] = []
+    forked: list[bool] = []
+
+    def start_and_look(serial: int, description: str) -> None:
+        server = servers(background_argv(files, state))  # spawned here: in the keyring with the key
+        server.initialize()
+        while len(looks) < 2 or not any(forked[-2:]):  # until two looked, the last of them through a warm fork
+            command_id = start(server, program=python, args=["-I", "-c", LOOK, str(keyctl_number()), str(serial),
+                                                             description])
+            assert wait_ended(state, command_id)["exit"] == 0
+            looks.append(json.loads((files / "background" / f"{command_id}.out").read_text()))
+            forked.append(FORKED in Path(layout.path(str(state), command_id, layout.LOG)).read_text())
+            assert len(looks) < 20, "no start went through the warm fork server"
+
+    caller = with_a_key(start_and_look)
+    for look in looks:
+        assert isinstance(look["session"], int) and look["session"] != caller["session"], (looks, caller)
+        assert {name: look[name] for name in ("holds", "search", "read")} == {
+            "holds": 0, "search": "ENOKEY", "read": "EACCES"}, looks
+    assert len({look["session"] for look in looks}) == len(looks)  # one for each command

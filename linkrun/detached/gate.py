@@ -86,17 +86,18 @@ class Forked(subprocess.Popen[bytes]):
 
 def spawn(launch: "Launch", stdin: int, out: int, control: int, folder: int) -> "subprocess.Popen[bytes]":
     """The launch's gate, in a process group of its own, in `folder`, with
-    stdin, the output pipe and the launch's descriptors (at their numbers): a
-    fork of this single-threaded supervisor, which joins the launch's cgroup
-    itself, else (a thread of its runs) this script, booted, running the
-    launch's command (which joins it through a shell)."""
+    stdin, the output pipe and the launch's descriptors (at their numbers), in
+    the launch's cgroup and a session keyring of its own: a fork of this
+    single-threaded supervisor, which enters them itself, else (a thread of
+    its runs) this script, booted, spawned into them."""
     env, fds = launch.env, launch.fds
     if threading.active_count() > 1:  # a fork of a threaded process may inherit a lock held
-        return subprocess.Popen(
-            [sys.executable, "-I", "-S", __file__, str(os.getpid()), str(control), "keep" if env is None else "clear",
-             *launch.command()],
-            stdin=stdin, stdout=out, stderr=out, pass_fds=(control, *fds), cwd=f"/proc/self/fd/{folder}",
-            process_group=0, close_fds=True, env=env)
+        with launch.spawning():  # born in the command's cgroup, where it has one
+            return subprocess.Popen(
+                [sys.executable, "-I", "-S", __file__, str(os.getpid()), str(control),
+                 "keep" if env is None else "clear", *launch.command()],
+                stdin=stdin, stdout=out, stderr=out, pass_fds=(control, *fds), cwd=f"/proc/self/fd/{folder}",
+                process_group=0, close_fds=True, env=env)
     supervisor = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -107,7 +108,7 @@ def spawn(launch: "Launch", stdin: int, out: int, control: int, folder: int) -> 
 
 def _forked(supervisor: int, launch: "Launch", env: "dict[str, str]", stdin: int, out: int, control: int,
             folder: int) -> NoReturn:
-    """The forked gate: what Popen's child would do, its cgroup joined, then the gate's steps."""
+    """The forked gate: what Popen's child would do, its keyring and cgroup entered, then the gate's steps."""
     fds = launch.fds
     code = 125
     try:
@@ -126,7 +127,7 @@ def _forked(supervisor: int, launch: "Launch", env: "dict[str, str]", stdin: int
             os.closerange(low + 1, high)  # nothing of the supervisor's but what the sandbox is handed
         for fd in fds:
             os.set_inheritable(fd, True)
-        launch.join()  # where the shell's exec would have: no shell to start
+        launch.enter()  # its keyring and cgroup, which a Popen's parent gives it
         code = gate(supervisor, control, env, launch.argv)
     finally:
         os._exit(code)

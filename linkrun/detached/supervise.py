@@ -190,7 +190,9 @@ class Supervisor:
             "inode": output.inode, "kept_from": 0, "bytes": 0,
             "cgroup": gate.leader.cgroup.as_record() if gate.leader.cgroup is not None else None,
         })
-        self.save(record)  # on a full state folder, the program waits for room to record it
+        # Not synced (a millisecond off the program's way): a sweep reads it whole, and a crash of the
+        # machine ends the group too; the sandbox's init, recorded next, or the end is synced.
+        self.save(record, synced=False)  # on a full state folder, the program waits for room to record it
         if os.path.exists(self.stop_path):
             os.close(gate.control)  # the gate reads EOF and exits: nothing ran
             return self.stop_state()
@@ -280,8 +282,7 @@ class Supervisor:
         grow_pipe(out_r)
         stdin, self.port = program_input(self.state, self.id, bool(self.record.get("tty")))  # given, or a pipe
         try:
-            with launch.spawning():  # born in the command's cgroup, where it has one
-                process = spawn(launch, stdin, out_w, control_r, folder_fd)
+            process = spawn(launch, stdin, out_w, control_r, folder_fd)  # in the command's cgroup, where it has one
         finally:
             for fd in (control_r, out_w, folder_fd):
                 os.close(fd)
@@ -384,14 +385,14 @@ class Supervisor:
         records.write(self.state, self.id, rotated)
         self.record.update(rotated)  # the same dict: the tell_on teller holds it too
 
-    def save(self, record: Record) -> None:
+    def save(self, record: Record, synced: bool = True) -> None:
         """Write the record; on a full disk, try again (each wait twice the
         last, up to FULL_RETRY_MOST) until there is room. We hold the lock
         meanwhile, so no sweep takes the command for lost."""
         pause = FULL_RETRY_FIRST
         while True:
             try:
-                records.write(self.state, self.id, record)
+                records.write(self.state, self.id, record, synced)
                 return
             except OSError as error:
                 if error.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -197,8 +197,10 @@ def warm_up() -> None:
     cgroup, its init's pid) and beside it (the stop file's watch): imported
     here once, not in each supervisor."""
     import orjson  # noqa: F401
-    from ..sandboxing import beneath, cgroups, etcview, gitcheck, initpid, percall  # noqa: F401
+    from ..sandboxing import beneath, cgroups, etcview, fallback, gitcheck, initpid, percall  # noqa: F401
     from . import watch  # noqa: F401
+
+    cgroups.place()  # where groups are made, read once here for every supervisor forked (the same cgroup as ours)
 
 
 def fork_supervisor(serve_end: socket.socket, command_id: str, lock: int, log: int, state: str,

@@ -144,7 +144,6 @@ class Launch:
         self.info_r: int | None = None  # our end of bwrap's --info-fd (bwrap's end is among `fds`)
         self.init_pid: int | None = None  # the sandbox's init, once `init_pidfd()` found it
         self.group: Group | None = None  # the launch's cgroup, until the caller takes it
-        self.procs: list[str] = []  # cgroup v2: the group's cgroup.procs files, joined by its first process
         self.held: list[int] = []  # kept until `close()`: the pinned /etc view
         # (resource, soft, hard), set on the sandbox's init while bwrap holds the program
         self.rlimits: tuple[tuple[int, int, int], ...] = ()
@@ -157,19 +156,29 @@ class Launch:
 
     def command(self) -> list[str]:
         """The argv to spawn when the spawner runs no code of its own in the
-        child (Popen): with a cgroup v2 to join, a small shell joins it first.
-        A forked child joins it itself (`join`) and runs `argv` as it is."""
-        if not self.procs:
+        child (Popen, inside `spawning()`): with a cgroup v2 to join, a small
+        shell joins it first. A forked child enters itself (`enter`) and runs `argv` as it is."""
+        if self.group is None or self.group.version != 2:
             return self.argv
-        return ["/bin/sh", "-c", JOIN, "sh", *self.procs, "--", *self.argv]
+        return ["/bin/sh", "-c", JOIN, "sh", *self.group.procs, "--", *self.argv]
 
-    def join(self) -> None:
-        """This process into the cgroup v2 of `procs`, as JOIN does: for a forked
-        child, before it becomes the sandbox. SystemExit(125), said on stderr, when one refuses."""
-        for path in self.procs:
+    def enter(self) -> None:
+        """A forked child's own `spawning()` and `command()`, before it becomes the sandbox: a new
+        session keyring, and the launch's cgroup joined. SystemExit(125), said on stderr, when either fails."""
+        from ..errors import LinkRunError
+
+        try:
+            own_keyring()
+        except LinkRunError as problem:
+            os.write(2, f"lnk-link-run: {problem}\n".encode())
+            raise SystemExit(125) from None
+        if self.group is None:
+            return
+        # "0": the writer itself (v1: this thread, the child's only one, without the global migration lock).
+        for path in self.group.procs if self.group.version == 2 else self.group.tasks:
             try:
                 with open(path, "w") as group:
-                    group.write(str(os.getpid()))
+                    group.write("0")
             except OSError as error:
                 os.write(2, f"lnk-link-run: cannot join the cgroup of its limits: {path}: {error.strerror}\n".encode())
                 raise SystemExit(125) from None
@@ -336,8 +345,6 @@ def _join_group(launch: Launch, limits: Limits, groups: KeptGroups | None) -> No
 
         raise LinkRunError(f"cannot make the call's cgroup for its limits: {error}",
                            f"run {typed('doctor')}, which says which limits can hold here") from None
-    if launch.group is not None and launch.group.version == 2:
-        launch.procs = launch.group.procs
 
 
 def _sandboxed(sandbox: Sandbox, tail: Sequence[str], folder: str, files_fd: int | None,

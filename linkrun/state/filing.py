@@ -15,24 +15,27 @@ from collections.abc import Iterator
 from ..kernel import write_all
 
 
-def write_whole(path: str, data: bytes, mode: int = 0o600) -> None:
+def write_whole(path: str, data: bytes, mode: int = 0o600, synced: bool = True) -> None:
     """`path` holds `data` whole or not at all, and survives a crash once
     this returns: written beside under a name of its own (`<path>.<hex>.tmp`,
     so two writers never share one, and a sweep finds what a cut-short write
-    left), synced, renamed into place, the folder synced."""
+    left), synced, renamed into place, the folder synced. Not `synced`: whole
+    or not at all all the same, to every process, but a crash of the machine may lose it."""
     temporary = f"{path}.{os.urandom(4).hex()}.tmp"  # secrets' way, without its imports on up's start
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)  # whatever the umask
         write_all(fd, data)
-        os.fdatasync(fd)
+        if synced:
+            os.fdatasync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(temporary)
         raise
     os.close(fd)
     os.rename(temporary, path)
-    sync_folder(os.path.dirname(path) or ".")
+    if synced:
+        sync_folder(os.path.dirname(path) or ".")
 
 
 def sync_folder(folder: str) -> None:

@@ -271,11 +271,11 @@ def set_aside(state: str, command_id: str) -> str:
     return os.path.join(folder, command_id + RECORD)
 
 
-def write(state: str, command_id: str, record: Record) -> None:
-    """Write the record whole or not at all."""
+def write(state: str, command_id: str, record: Record, synced: bool = True) -> None:
+    """Write the record whole or not at all (filing.write_whole)."""
     import orjson
 
-    write_whole(path(state, command_id, RECORD), orjson.dumps(record))
+    write_whole(path(state, command_id, RECORD), orjson.dumps(record), synced=synced)
 
 
 def ids(state: str) -> list[str]:

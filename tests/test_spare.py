@@ -300,13 +300,15 @@ def test_a_sandbox_whose_launcher_reads_its_output_is_no_stray_however_it_was_st
 
 def test_the_loader_hands_the_program_the_environment_it_was_given_under_dash_and_bash() -> None:
     # bash's exec sets SHLVL again after an unset; /bin/sh is bash on Fedora and Arch.
-    data = spare_module.script(["/usr/bin/env"], "", "/", has_input=False)
-    assert data is not None
+    # The folder entered too: its `cd` sets PWD and OLDPWD, which go as well.
     shells = [shell for shell in ("/bin/dash", "/bin/bash", "/bin/sh") if os.path.exists(shell)]
-    for shell in shells:
-        done = subprocess.run([shell, "-c", spare_module.LOADER], input=data, env={"KEPT": "1"}, cwd="/",
-                              capture_output=True, check=True)
-        assert done.stdout == spare_module.ACK + b"KEPT=1\n", (shell, done.stdout)  # its word, then the program's
+    for folder in ("", "tmp"):
+        data = spare_module.script(["/usr/bin/env"], folder, "/", has_input=False)
+        assert data is not None
+        for shell in shells:
+            done = subprocess.run([shell, "-c", spare_module.LOADER], input=data, env={"KEPT": "1"}, cwd="/",
+                                  capture_output=True, check=True)
+            assert done.stdout == spare_module.ACK + b"KEPT=1\n", (shell, folder, done.stdout)  # its word, the program's
 
 
 def test_calls_at_once_do_not_queue_behind_a_spare_being_made(stand_in: StandIn) -> None:

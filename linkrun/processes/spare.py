@@ -49,8 +49,12 @@ if TYPE_CHECKING:
 
 # Reads a line count, then that many lines, says so (ACK, on its output,
 # which serve reads before the program's), and runs them. `read` takes a
-# pipe a byte at a time, so what follows the script stays for the program.
-LOADER = ('IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; '
+# pipe a byte at a time, so what follows the script stays for the program;
+# hence what every script does is here (`clean`, called by it after its
+# `cd`: the variables `sh` sets itself dropped), not in the script.
+# bash's exec sets SHLVL again, whatever was unset: env drops it there.
+LOADER = ('clean() { unset PWD OLDPWD SHLVL; e=; [ -z "${BASH_VERSION-}" ] || e="/usr/bin/env -u SHLVL"; }; '
+          'IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; '
           's="$s$l\n"; n=$((n - 1)); done; printf .; eval "$s"')
 ACK = b"."
 ACK_WAIT = 5.0  # seconds a call waits for a live spare's loader to read its script
@@ -83,9 +87,7 @@ def script(argv: list[str], folder: str, files: str, has_input: bool) -> bytes |
     go: the program gets the sandbox's environment as it was given."""
     folder = folder.strip("/")
     text = f"cd -- {quote(f'{files}/{folder}')} || exit 125\n" if folder not in ("", ".") else ""
-    # bash's exec sets SHLVL again, whatever was unset: env drops it there.
-    text += 'unset PWD OLDPWD SHLVL\ne=; [ -z "${BASH_VERSION-}" ] || e="/usr/bin/env -u SHLVL"\n'
-    text += "exec " + ("" if has_input else "0<>/dev/null ") + "$e "  # /dev/null as subprocess opens it
+    text += "clean\nexec " + ("" if has_input else "0<>/dev/null ") + "$e "  # /dev/null as subprocess opens it
     text += " ".join(quote(arg) for arg in argv)
     data = f"{text.count(chr(10)) + 1}\n{text}\n".encode(errors="surrogateescape")
     return data if len(data) <= SCRIPT_LIMIT else None

@@ -17,7 +17,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 from ..kernel import write_all
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 # A line longer than this is refused whole (a 10 MB `input` fits easily).
 MAX_LINE = 64 * 1024 * 1024
-READ_AHEAD = 1  # lines read from stdin ahead of the session (each may be 64 MB)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -39,7 +38,7 @@ UNSUPPORTED_VERSION = -32022
 
 
 class Channel:
-    """Stdin read by a reader thread, stdout written by a writer thread, each with its queue.
+    """Stdin read by a thread that hands each line on at once, stdout written by a writer thread with its queue.
 
     `send` never waits for the client to read: a call's thread, a timeout and
     the session go on while stdout is full. Nothing queued is dropped, except a
@@ -55,8 +54,9 @@ class Channel:
         os.dup2(2, out_fd)
         self._in = open(in_fd, "rb", buffering=1 << 16, closefd=False)
         self._arrived = threading.Condition(threading.RLock())  # re-entrant: see interrupt
-        self._incoming: deque[bytes | None] = deque()
-        self._eof = False
+        self._eof = False  # stdin ended (or its thread stopped)
+        self._handling = threading.Lock()  # held while a line is handled (serve_lines)
+        self._stopped = False  # no more lines are handled
         self._ready = threading.Condition()
         self._queue: deque[list[Any]] = deque()  # [line, key] entries, in order
         self._replaceable: dict[object, list[Any]] = {}  # key -> its entry, while unwritten
@@ -65,32 +65,31 @@ class Channel:
         self.closed = False  # stdout went away, or we stopped answering
         self.interrupted = False  # a signal asked us to stop reading
         self._orjson: ModuleType | None = None  # until then, the standard library (use_orjson)
-        threading.Thread(target=self._read_ahead, daemon=True, name="stdin").start()
         threading.Thread(target=self._write_queued, daemon=True, name="stdout").start()
 
-    def lines(self) -> Iterator[bytes | None]:
-        """Yield each non-blank line without its line ending; over-long ones as None.
-        Ends at stdin's end, once stdout is gone, or when interrupted."""
-        while True:
-            with self._arrived:
-                self._arrived.wait_for(lambda: self._incoming or self._eof or self.closed or self.interrupted)
-                if self.closed or self.interrupted or not self._incoming:
-                    return
-                line = self._incoming.popleft()
-                self._arrived.notify_all()
-            yield line
-
-    def _read_ahead(self) -> None:
-        for line in self._stdin_lines():
-            with self._arrived:
-                self._arrived.wait_for(lambda: len(self._incoming) < READ_AHEAD or self.closed)
-                if self.closed:
-                    return
-                self._incoming.append(line)
-                self._arrived.notify_all()
+    def serve_lines(self, handle: Callable[[bytes | None], None]) -> None:
+        """Hand each non-blank line without its line ending (an over-long one
+        as None) to `handle`, in order, on the stdin thread as soon as it is
+        read: no other thread is woken between a request's read and its
+        handling. Returns at stdin's end, once stdout is gone, or when
+        interrupted, with no `handle` running and none to come."""
+        threading.Thread(target=self._read_and_handle, args=(handle,), daemon=True, name="stdin").start()
         with self._arrived:
-            self._eof = True
-            self._arrived.notify_all()
+            self._arrived.wait_for(lambda: self._eof or self.closed or self.interrupted)
+        with self._handling:
+            self._stopped = True
+
+    def _read_and_handle(self, handle: Callable[[bytes | None], None]) -> None:
+        try:
+            for line in self._stdin_lines():
+                with self._handling:
+                    if self._stopped or self.closed:
+                        return
+                    handle(line)
+        finally:
+            with self._arrived:
+                self._eof = True
+                self._arrived.notify_all()
 
     def _stdin_lines(self) -> Iterator[bytes | None]:
         while True:
@@ -186,7 +185,7 @@ class Channel:
                 self._ready.wait(left)
 
     def interrupt(self) -> None:
-        """Make `lines` end at once. Safe in a signal handler: the lock is
+        """Make `serve_lines` end at once (once a line being handled is). Safe in a signal handler: the lock is
         re-entrant, so the handler takes it even when it interrupted its holder."""
         with self._arrived:
             self.interrupted = True

@@ -88,18 +88,18 @@ class Session:
             stopped.append(signum)
             self.channel.interrupt()
 
+        def handle(line: bytes | None) -> None:  # on the stdin thread, one line at a time
+            if line is None:
+                self.channel.send(error(None, INVALID_REQUEST, "the message is over 64 MB; send smaller messages"))
+                return
+            self.handle_line(line)
+            if self.on_first_answer is not None:
+                first, self.on_first_answer = self.on_first_answer, None
+                first()
+
         previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
-            for line in self.channel.lines():
-                if line is None:
-                    self.channel.send(error(None, INVALID_REQUEST, "the message is over 64 MB; send smaller messages"))
-                    continue
-                self.handle_line(line)
-                if self.on_first_answer is not None:
-                    self.on_first_answer()
-                    self.on_first_answer = None
-                if self.channel.closed:
-                    break
+            self.channel.serve_lines(handle)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)

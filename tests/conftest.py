@@ -243,6 +243,18 @@ def is_spare(pid: int) -> bool:
         return False
 
 
+def warm_server(serve: int) -> int | None:
+    """The warm fork server among serve's children, if one runs."""
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            if b"warm-fork" in words and parent_of(int(name)) == serve:
+                return int(name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def spares_of(serve: int) -> list[int]:
     """The processes of the spare sandboxes below serve's pid."""
     return [pid for pid in descendants(serve) if is_spare(pid)]

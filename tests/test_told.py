@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import parent_of, SERVER, clean_env, pid_alive, text_of, wait_for
+from conftest import parent_of, SERVER, clean_env, pid_alive, text_of, wait_for, warm_server
 from standin_helpers import output_block
 from told_helpers import AGENT, META, WayIn, start, supervisor_of_record, sweep, told_argv, wait_record  # noqa: F401
 
@@ -123,6 +123,7 @@ def test_a_sweep_gives_up_ten_minutes_after_its_first_try(servers, files, state,
     socket_path = tmp_path / "nobody.sock"
     server = servers(told_argv(files, state, keyring, f"unix:{socket_path}"), env=clean_env(LNK_TELL_WINDOW="1"))
     server.initialize()
+    wait_for(lambda: warm_server(server.process.pid), what="serve's warm fork server")  # its sweep looked first
     command_id = start(server, program="true")
     wait_for(lambda: not records.is_held(str(state), command_id) and records.load(str(state), command_id)["state"] == "exited",
              timeout=20, what="the supervisor to leave it untold")
@@ -276,6 +277,10 @@ def test_two_sweeps_at_once_never_double_tell(servers, files, state, keyring, wa
     way_in = ways_in()
     server = servers(told_argv(files, state, keyring, "http://127.0.0.1:9/nobody"), env=clean_env(LNK_TELL_WINDOW="0"))
     server.initialize()
+    # serve's own sweep, with a way in that never answers and no window, gives up
+    # what it finds untold. Its first look is right after it starts the warm fork
+    # server: wait for that, so it looks before any record is made (the next is minutes away).
+    wait_for(lambda: warm_server(server.process.pid), what="serve's warm fork server")
     ids = [start(server, program="true") for _ in range(4)]
     wait_for(lambda: all(not records.is_held(str(state), i) and records.load(str(state), i)["state"] == "exited"
                          for i in ids), timeout=20, what="all ended untold")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from background_helpers import background_argv, start, wait_ended, wait_running
-from conftest import clean_env, parent_of, pid_alive, wait_for
+from conftest import clean_env, parent_of, pid_alive, wait_for, warm_server
 
 from linkrun.detached.warm import ANSWER_WAIT, FORKED
 from linkrun.state import layout, records
@@ -18,18 +18,6 @@ from linkrun.state import layout, records
 
 def session_of(pid: int) -> int:
     return os.getsid(pid)
-
-
-def warm_server(serve: int) -> int | None:
-    """The warm fork server among serve's children, if one runs."""
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            words = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            if b"warm-fork" in words and parent_of(int(name)) == serve:
-                return int(name)
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 def ancestors(pid: int) -> list[int]:

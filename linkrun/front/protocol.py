@@ -163,16 +163,11 @@ class Channel:
         return bool(poll.poll(0))
 
     def _write_now(self, line: bytes) -> None:
-        """Under `_ready`: one line written by the sending thread."""
+        """Under `_ready` (re-entrant: `close` takes it again): one line written by the sending thread."""
         try:
             write_all(self._out, line, self._moved)
         except OSError:  # EPIPE and the like: the client is gone
-            self.closed = True
-            self._queue.clear()
-            self._replaceable.clear()
-            self._ready.notify_all()
-            with self._arrived:
-                self._arrived.notify_all()
+            self.close()
 
     def flush(self, idle: float) -> None:
         """Wait until everything queued is written, or until no byte went out for `idle` seconds."""
@@ -185,8 +180,8 @@ class Channel:
                 self._ready.wait(left)
 
     def interrupt(self) -> None:
-        """Make `serve_lines` end at once (once a line being handled is). Safe in a signal handler: the lock is
-        re-entrant, so the handler takes it even when it interrupted its holder."""
+        """Make `serve_lines` end at once (once a line being handled is). Safe in a signal
+        handler: the lock is re-entrant, so the handler takes it even when it interrupted its holder."""
         with self._arrived:
             self.interrupted = True
             self._arrived.notify_all()

@@ -366,11 +366,10 @@ class Background:
         command_id: str = record["id"]  # the id asked for: load checks it
         if record["state"] in records.RUNNING_STATES:
             if not records.is_held(self.state, command_id):
-                self.sweep_one(command_id)
+                record = self.settled(command_id)  # swept here: no supervisor to stop
             else:
                 records.write_stop(self.state, command_id, "stopped")
-                return self.entries([self.record_until(command_id, STOP_WAIT, ended)])[0]
-            record = self.reload(command_id)
+                record = self.record_until(command_id, STOP_WAIT, ended)
         return self.entries([record])[0]
 
     def settled(self, command_id: str) -> Record:

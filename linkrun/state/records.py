@@ -341,13 +341,9 @@ def gate_alive(record: Record) -> bool:
         return True
     if record.get("boot_id") != boot_id():
         return False  # another boot: that process is long gone
-    try:
-        with open(f"/proc/{leader}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    fields = _stat(leader)
     # A zombie is gone too: its supervisor died, and no one may reap it soon.
-    return fields[0] not in (b"Z", b"X") and int(fields[19]) == record.get("leader_start")
+    return fields is not None and fields[0] not in (b"Z", b"X") and int(fields[19]) == record.get("leader_start")
 
 
 def running_ids(state: str) -> list[str]:
@@ -367,10 +363,19 @@ def boot_id() -> str:
 
 def process_start(pid: int) -> int | None:
     """A process's start time in clock ticks since boot (field 22 of its stat)."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of a process's stat after its name (the state first), or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            return f.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
 
 

@@ -1,16 +1,18 @@
-"""serve's warm fork server: supervisors forked ready-imported, detached
-as booted ones are, and the booted way whenever it is not there."""
+"""serve's warm fork server: supervisors forked ready-imported and ahead,
+detached as booted ones are, and the booted way whenever it is not there."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from background_helpers import background_argv, start, wait_ended, wait_running
-from conftest import clean_env, parent_of, pid_alive, wait_for, warm_server
+from conftest import PASS_THROUGH, clean_env, parent_of, pid_alive, wait_for, warm_server
 
 from linkrun.detached.warm import ANSWER_WAIT, FORKED
 from linkrun.state import layout, records
@@ -135,3 +137,121 @@ def test_a_server_that_stops_answering_is_killed_and_the_start_boots_its_supervi
     assert FORKED not in log_of(state, command_id)  # nothing the stopped server forked ran it
     wait_for(lambda: not pid_alive(stuck), what="the stopped server to be killed")
     warm_start(server, state, program="true")
+
+
+# -- supervisors forked ahead ---------------------------------------------------------
+
+
+def ahead_of(server, state: Path) -> int | None:
+    """The supervisor the server forked ahead for `state`, waiting for a start: the server's words, not its child."""
+    forks = warm_server(server.process.pid)
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"warm-fork" in words and str(state).encode() in words and int(name) != forks:
+            return int(name)
+    return None
+
+
+def test_a_start_is_handed_to_the_supervisor_forked_ahead_which_is_detached(bg, files, state):
+    server = bg
+    ready_warm_server(server, state)
+    ahead = wait_for(lambda: ahead_of(server, state), what="a supervisor forked ahead")
+    assert server.process.pid not in ancestors(ahead)  # nobody's child that waits, serve's least of all
+    assert session_of(ahead) not in (session_of(server.process.pid), session_of(warm_server(server.process.pid)))
+    held = [os.readlink(f"/proc/{ahead}/fd/{fd}") for fd in os.listdir(f"/proc/{ahead}/fd")]
+    assert not [path for path in held if str(state) in path or str(files) in path]  # nothing of any command yet
+    command_id = start(server, program="sh", args=["-c", "echo ahead"])
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["exit"]) == ("exited", 0)
+    assert FORKED in log_of(state, command_id)
+    assert (files / "background" / f"{command_id}.out").read_bytes() == b"ahead\n"
+    # The next start finds one forked ahead again, once the server had a quiet moment.
+    wait_for(lambda: ahead_of(server, state) not in (None, ahead), what="the next supervisor forked ahead")
+
+
+def test_the_supervisor_ahead_runs_the_start_it_was_handed(bg, files, state):
+    server = bg
+    ready_warm_server(server, state)
+    ahead = wait_for(lambda: ahead_of(server, state), what="a supervisor forked ahead")
+    command_id = start(server, program="sleep", args=["100"])
+    supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
+    assert supervisor == ahead
+    argv = Path(f"/proc/{supervisor}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+    assert argv[argv.index("supervise"):][:2] == ["supervise", command_id]
+
+
+@pytest.mark.parametrize("how", ["killed", "its input closed"])
+def test_the_supervisor_ahead_ends_with_serve_and_leaves_nothing(bg, files, state, how):
+    server = bg
+    ready_warm_server(server, state)
+    ahead = wait_for(lambda: ahead_of(server, state), what="a supervisor forked ahead")
+    if how == "killed":
+        server.process.kill()
+    else:
+        server.process.stdin.close()
+    server.process.wait()
+    wait_for(lambda: not pid_alive(ahead), what="the supervisor ahead to end with serve's server")
+
+
+SUPERVISE = """
+import sys
+from linkrun.detached.supervise import supervise
+go = sys.argv[3] == "go"
+sys.exit(supervise(sys.argv[1], sys.argv[2], "a test's", lambda: go))
+"""
+
+
+def supervise_with(state: Path, files: Path, go: bool, marker: Path) -> tuple[str, dict, int, int]:
+    """A supervisor run on a new record, as one forked ahead runs it, told `go` or not: the record
+    as written, the supervisor's exit and pid."""
+    from linkrun.config import Limits
+
+    state.mkdir(exist_ok=True)
+    (files / "background").mkdir(exist_ok=True)
+    command_id = records.new_id()
+    lock = records.create_lock(str(state), command_id)
+    try:
+        record = records.new_record(
+            command_id, argv=list(PASS_THROUGH), write=[], proxy=None, seccomp=None, files=str(files), folder="",
+            program="sh", args=[], program_argv=["/bin/sh", "-c", f": > {marker}"], timeout=60, output=16384,
+            background_output=16384, keep=60, way_in=None, agent=None, keyring=None, thread="conversation-1",
+            hops=0, limits=Limits(tasks=64).as_record())
+        records.write(str(state), command_id, record)
+        log = os.open(log_path(state, command_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            supervisor = subprocess.Popen(
+                [sys.executable, "-I", "-c", SUPERVISE, command_id, str(state), "go" if go else "no"],
+                stdin=lock, stdout=subprocess.DEVNULL, stderr=log, env=clean_env())
+        finally:
+            os.close(log)
+    finally:
+        os.close(lock)
+    return command_id, record, supervisor.wait(timeout=30), supervisor.pid
+
+
+def groups_of(pid: int) -> list[str]:
+    """The cgroups a process made (cgroups.py names them lnk-<pid>-<n>) that are still there."""
+    from linkrun.sandboxing import cgroups
+
+    return [os.path.join(parent, name) for parent in set(cgroups.place().folders.values())
+            for name in os.listdir(parent) if name.startswith(f"lnk-{pid}-")]
+
+
+def test_a_supervisor_ahead_that_gets_no_go_leaves_nothing_and_runs_nothing(files, state):
+    marker = files / "ran"
+    command_id, written, code, pid = supervise_with(state, files, False, marker)
+    assert code == 0
+    assert not marker.exists()  # its gate was let go of without `G`
+    assert records.load(str(state), command_id) == written  # the record is serve's (or the next supervisor's)
+    assert Path(log_path(state, command_id)).read_text() == ""  # not a line
+    assert not (files / "background" / f"{command_id}.out").exists()
+    assert not Path(layout.path(str(state), command_id, layout.WRITE)).exists()
+    assert groups_of(pid) == []  # its cgroup, made for the gate, removed
+    # The same run told to go runs the command: what was checked above is the no-go's doing.
+    command_id, _, code, _ = supervise_with(state, files, True, marker)
+    assert code == 0 and marker.exists(), Path(log_path(state, command_id)).read_text()
+    assert wait_ended(state, command_id)["state"] == "exited"
+    assert (files / "background" / f"{command_id}.out").exists()

@@ -30,7 +30,9 @@ import threading
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # run as a script, the gate imports nothing of the package
+    from linkrun.detached.input import InputPort
     from linkrun.sandboxing.launch import Launch
+    from linkrun.state.records import Record
 
 PR_SET_PDEATHSIG = 1
 
@@ -62,6 +64,85 @@ def gate(supervisor: int, control: int, env: "dict[str, str] | os._Environ[str]"
     except OSError as problem:
         print(f"lnk-link-run: cannot start the sandbox {argv[0]}: {problem.strerror}", file=sys.stderr)
         return 127
+
+
+class Gate:
+    """What step 3 makes, as the supervisor holds it for the steps after it."""
+
+    __slots__ = ("process", "leader", "launch", "control", "out_r")
+
+    def __init__(self, process: "subprocess.Popen[bytes]", launch: "Launch", control: int, out_r: int) -> None:
+        from ..processes.group import Leader
+
+        self.process = process
+        self.leader = Leader(process)  # the gate, watched; its sandbox_init may be set
+        self.leader.cgroup = launch.take_group()
+        self.launch = launch  # the sandbox's argv and descriptors; its info pipe until the end
+        self.control = control  # the gate's control pipe: `G` starts the program
+        self.out_r = out_r  # the program's output pipe
+
+    def let_go_of(self) -> None:
+        """Before `G`: the gate reads end of file and exits, having run
+        nothing; waited for, and what step 3 opened closed (its cgroup is the caller's)."""
+        if self.control >= 0:
+            os.close(self.control)
+            self.control = -1
+        self.process.wait()
+        self.leader.close()
+        self.launch.close()
+        os.close(self.out_r)
+
+
+def make_gate(record: "Record", state: str, command_id: str) -> "tuple[Gate, InputPort]":
+    """Step 3, in the supervisor: the sandbox's launch prepared from the
+    record, as serve prepares a call's (its cgroup made), and the gate spawned
+    with its descriptors, the output pipe and the program's input (its port
+    not yet listening): the gate itself only arms its death signal, waits for
+    `G` and execs. Nothing of it is in the state or files folders. Raises
+    OSError, or Refused for a link planted on its folders since start,
+    having closed what it made."""
+    import math
+
+    from ..config import Limits
+    from ..processes.group import grow_pipe
+    from ..sandboxing import beneath
+    from ..sandboxing.launch import Sandbox, prepare
+    from .input import program_input
+
+    box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
+                  record.get("seccomp"), Limits.of_record(record.get("limits")), longest=math.ceil(record["timeout"]))
+    files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
+        try:
+            launch = prepare(box, record["program_argv"], record["folder"], files_fd)
+        except BaseException:
+            os.close(folder_fd)
+            raise
+    finally:
+        os.close(files_fd)
+    control_r = control_w = out_r = out_w = stdin = -1
+    port: InputPort | None = None
+    try:
+        control_r, control_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        grow_pipe(out_r)
+        stdin, port = program_input(state, command_id, bool(record.get("tty")))
+        process = spawn(launch, stdin, out_w, control_r, folder_fd)  # in the command's cgroup, where it has one
+    except BaseException:
+        for fd in (control_w, out_r):
+            if fd >= 0:
+                os.close(fd)
+        if port is not None:
+            port.close()
+        launch.close()  # and its cgroup, which nothing joined
+        raise
+    finally:
+        for fd in (control_r, out_w, stdin, folder_fd):
+            if fd >= 0:
+                os.close(fd)  # the gate holds them now
+        launch.handed_over()
+    return Gate(process, launch, control_w, out_r), port
 
 
 class Forked(subprocess.Popen[bytes]):

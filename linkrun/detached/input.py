@@ -58,6 +58,7 @@ class InputPort:
         if not given:
             os.set_blocking(self.write_end, False)
         self.pipe = 0 if given else os.fstat(self.read_end).st_ino
+        self.state, self.command_id = state, command_id
         self.path = layout.path(state, command_id, SUFFIX)
         self.pending = bytearray()
         self.closing = False  # eof asked: close once pending is written
@@ -67,14 +68,19 @@ class InputPort:
         self.gate_pid = 0
         self.held: list[socket.socket] = []  # writes waiting for the output after them
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        state_fd = os.open(state, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.listening = False  # bound at `listen`: until then nothing of ours is in the state folder
+
+    def listen(self) -> None:
+        """Bind `<id>.write` and listen: the supervisor's first act in the state folder for its input."""
+        state_fd = os.open(self.state, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         old = os.umask(0o177)
         try:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-            self.listener.bind(socket_path(state_fd, command_id))
+            self.listener.bind(socket_path(state_fd, self.command_id))
+            self.listening = True
         finally:
             os.umask(old)
             os.close(state_fd)
@@ -194,10 +200,11 @@ class InputPort:
             self.watch.forget(self.listener.fileno())
         for conn in list(self.held):
             self._let_go(conn)  # it ended: serve reads what there is
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self.listening:  # else the path is not ours
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         self.listener.close()
         self.close_input()
         if self.read_end >= 0:
@@ -250,7 +257,7 @@ def _reads(pid: int, pipe: str, tty: bool) -> bool:
 
 def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, InputPort]:
     """The program's stdin: the input file given at start (read once, then EOF), else an open pipe of ours;
-    and the port that answers writes either way (to say so, for the file)."""
+    and the port that answers writes either way (to say so, for the file), once it listens."""
     try:
         given = os.open(layout.path(state, command_id, layout.INPUT), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:

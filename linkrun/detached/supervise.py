@@ -1,14 +1,20 @@
 """The supervisor of one background command: its whole life, steps 1 to 9.
 
-`start` (in serve, background.py) asks serve's warm fork server (warm.py)
-for a supervisor forked ready-imported, or, when it has none ready, runs
-`starter.script_argv` in a new session with the record's lock as stdin: a
-shell that starts `python -I -S boot.py <folders> supervise <id> --state
-<state>` in the background and exits at once (serve reaps it). Either way
-the supervisor is in a session of its own and not serve's child. It holds the
-lock until it exits; the kernel releases it however it dies, which is how a
-sweep knows it is gone. `lnk-link-run supervise` (`main`) is the design's
-own entry: it forks first, to the same end, and runs the same `supervise`.
+`start` (in serve, background.py) hands the command to the supervisor
+serve's warm fork server (warm.py) forked ahead, ready-imported, or, when it
+has none ready, runs `starter.script_argv` in a new session with the
+record's lock as stdin: a shell that starts `python -I -S boot.py <folders>
+supervise <id> --state <state>` in the background and exits at once (serve
+reaps it). Either way the supervisor is in a session of its own and not
+serve's child. It holds the lock until it exits; the kernel releases it
+however it dies, which is how a sweep knows it is gone. `lnk-link-run
+supervise` (`main`) is the design's own entry: it forks first, to the same
+end, and runs the same `supervise`.
+
+One forked ahead makes what is its alone (steps 1 and 3: its gate waits for
+`G`) while serve answers, and then waits for the server's go before anything
+it does is seen in the state or files folders (step 2's output file, the
+input's port, step 4's record): without a go it lets its gate go and exits.
 
 The step numbers are those of the design, and of background.py and gate.py.
 """
@@ -17,14 +23,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import math
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from .. import logger
 from ..state import layout, records
@@ -32,13 +37,11 @@ from ..state.records import AGENT_STOPPING, State, Told
 from ..processes.child import boottime, kill_group, program_session
 from ..units import signal_name
 from ..errors import LinkRunError
-from ..processes.group import Leader, Stage, Watch, grow_pipe
-from ..config import Limits
-from ..sandboxing.launch import Launch, Sandbox, prepare
-from .gate import spawn
+from ..processes.group import Leader, Stage, Watch
+from .gate import Gate, make_gate
 from .outfile import OutputFile
 from .outread import last_bytes
-from .input import InputPort, program_input
+from .input import InputPort
 
 WATCH_PENDING = 0.01
 TERM_GRACE = 2.0  # from the SIGTERM of a stop to the SIGKILL
@@ -52,20 +55,6 @@ if TYPE_CHECKING:  # watchdog is loaded only by the watch thread (step 2)
     from .tellon import LineTeller
 
 
-class Gate:
-    """What step 3 makes, handed to the steps after it."""
-
-    __slots__ = ("process", "leader", "launch", "control", "out_r")
-
-    def __init__(self, process: subprocess.Popen[bytes], launch: Launch, control: int, out_r: int) -> None:
-        self.process = process
-        self.leader = Leader(process)  # the gate, watched; its sandbox_init may be set
-        self.leader.cgroup = launch.take_group()
-        self.launch = launch  # the sandbox's argv and descriptors; its info pipe until the end
-        self.control = control  # the gate's control pipe: `G` starts the program
-        self.out_r = out_r  # the program's output pipe
-
-
 def main(argv: list[str]) -> int:
     """`lnk-link-run supervise <id> --state <dir>`, the design's entry: fork (for its starter to reap), then supervise."""
     if len(argv) != 3 or argv[1] != "--state":
@@ -76,13 +65,12 @@ def main(argv: list[str]) -> int:
     return supervise(argv[0], argv[2])
 
 
-def supervise(command_id: str, state: str, how: str = "booted") -> int:
+def supervise(command_id: str, state: str, how: str = "booted", go: Callable[[], bool] | None = None) -> int:
     logger.start(f"supervise {command_id}")  # its stderr is its own log: never quiet
-    logger.info(how)
     if not records.ID.fullmatch(command_id):
         logger.error(f"{command_id!r} is not a command id")
         return 2
-    return Supervisor(command_id, os.path.abspath(state)).run()
+    return Supervisor(command_id, os.path.abspath(state)).run(how, go)
 
 
 class Supervisor:
@@ -103,7 +91,27 @@ class Supervisor:
         self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
         self.port: InputPort | None = None  # its input's port: writes reach it there (step 3 makes it)
 
-    def run(self) -> int:
+    def run(self, how: str, go: Callable[[], bool] | None) -> int:
+        """The steps; with `go` (a supervisor forked ahead), what is ours alone
+        first, then nothing in the state or files folders before it says yes."""
+        record, made = self.ours_alone()
+        if go is not None and not go():
+            if isinstance(made, Gate):
+                self.let_nothing_run(made)
+            return 0  # serve never heard of us: nothing of the command is ours
+        logger.info(how)
+        if record is None:
+            logger.error("no record: nothing to supervise")
+            return 1
+        return self.run_program(record, made)
+
+    def ours_alone(self) -> tuple[Record | None, Gate | Exception | None]:
+        """Steps 1 and 3 (before 2): the lock, the record read, the signals
+        caught, and the gate (its sandbox prepared, its cgroup made, its
+        input's pipe), from this (main) thread, whose death signal it follows.
+        It waits for `G`, and nothing of it is in the state or files folders:
+        a supervisor that gets no go lets it go, and leaves nothing. The gate,
+        or the problem that kept it from being made."""
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
         # the lock moves to a close-on-exec descriptor. We never exec after this.
         self.lock_fd = os.dup(0)
@@ -112,10 +120,6 @@ class Supervisor:
         os.close(null)
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: a check, not a wait
         record = records.load(self.state, self.id)
-        if record is None:
-            logger.error("no record: nothing to supervise")
-            return 1
-        self.record = record
 
         # The signals of the agent's service stopping are recorded and acted on by the loop (8).
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -127,6 +131,18 @@ class Supervisor:
             signal.signal(number, on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
+        made: Gate | Exception | None = None
+        if record is not None:
+            self.record = record
+            try:
+                made, self.port = make_gate(record, self.state, self.id)  # closes what it made when it fails
+            except Exception as problem:  # OSError, or a link planted on its folders since start
+                made = problem
+        return record, made
+
+    def run_program(self, record: Record, made: Gate | Exception | None) -> int:
+        """Step 2, the rest of 3, then 4 to 9: the output file, the input's
+        port, the record naming the group, `G`, and the loop until the end."""
         # 2. Watch for the stop file, on a thread of its own started once the
         # program runs: importing watchdog takes longer than everything else
         # here, and the program need not wait for it. Until the watch is set,
@@ -138,10 +154,10 @@ class Supervisor:
                                                      on_rotate=self.rotated, log=logger.info)
         except OSError as problem:
             logger.warning(f"cannot create the output file: {problem}")
-            return self.finish(State.FAILED_TO_START, None, None)
+            return self.nothing_ran(made, State.FAILED_TO_START)
 
         if os.path.exists(self.stop_path):
-            return self.finish(self.stop_state(), None, None)
+            return self.nothing_ran(made, self.stop_state())
 
         if record["proxy"]:
             # Among the proxy's users until we exit, so the command's internet
@@ -154,12 +170,15 @@ class Supervisor:
             except (LinkRunError, OSError) as problem:
                 logger.warning(f"no internet for this command: {problem}")
 
-        # 3. The gate, from this (main) thread: its death signal follows this thread.
-        try:
-            gate = self.spawn_gate(record)  # closes what it made when it fails
-        except Exception as problem:  # OSError, or a link planted on its folders since start
-            logger.warning(f"nothing ran: {problem}")
+        if not isinstance(made, Gate):
+            logger.warning(f"nothing ran: {made}")
             return self.finish(State.FAILED_TO_START, None, None)
+        gate = made
+        try:
+            self.open_input()
+        except OSError as problem:
+            logger.warning(f"nothing ran: cannot open the command's input: {problem}")
+            return self.nothing_ran(gate, State.FAILED_TO_START)
 
         began = self.go(record, gate, output)
         if isinstance(began, str):
@@ -194,10 +213,10 @@ class Supervisor:
         # machine ends the group too; the sandbox's init, recorded next, or the end is synced.
         self.save(record, synced=False)  # on a full state folder, the program waits for room to record it
         if os.path.exists(self.stop_path):
-            os.close(gate.control)  # the gate reads EOF and exits: nothing ran
             return self.stop_state()
         os.write(gate.control, b"G")
         os.close(gate.control)
+        gate.control = -1
         began = boottime()
         # The sandbox is ended through its init, and a sweep finds it in the record if we die.
         try:
@@ -216,13 +235,18 @@ class Supervisor:
                 logger.warning(f"cannot record the sandbox's init yet: {problem}")
         return began
 
-    def nothing_ran(self, gate: Gate, state: StateName) -> int:
-        """The gate ended before the program ran: wait for it, close what step 3 opened, finish."""
-        gate.process.wait()
-        gate.leader.close()
-        gate.launch.close()
-        self.end_cgroup(gate.leader)
+    def nothing_ran(self, gate: Gate | Exception | None, state: StateName) -> int:
+        """Before `G`: the gate, if any, let go of without running anything, and the end recorded."""
+        if isinstance(gate, Gate):
+            self.let_nothing_run(gate)
         return self.finish(state, None, None)
+
+    def let_nothing_run(self, gate: Gate) -> None:
+        """The gate let go of without `G`; its cgroup removed, and the input's port closed."""
+        gate.let_go_of()
+        self.end_cgroup(gate.leader)
+        if self.port is not None:
+            self.port.close()
 
     # -- step 2 ---------------------------------------------------------------
 
@@ -250,47 +274,12 @@ class Supervisor:
 
     # -- step 3 ---------------------------------------------------------------
 
-    def spawn_gate(self, record: Record) -> Gate:
-        """Step 3. The sandbox's launch is prepared here, as serve prepares a
-        call's, and its descriptors handed to the gate: the gate itself only
-        arms its death signal, waits for `G` and execs."""
-        from ..sandboxing import beneath
-
-        box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
-                      record.get("seccomp"), Limits.of_record(record.get("limits")),
-                      longest=math.ceil(record["timeout"]))
-        files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
-            try:
-                launch = prepare(box, record["program_argv"], record["folder"], files_fd)
-            except BaseException:
-                os.close(folder_fd)
-                raise
-        finally:
-            os.close(files_fd)
-        try:
-            return self._spawn(launch, folder_fd)
-        except BaseException:
-            launch.close()  # and its cgroup, which nothing joined
-            raise
-
-    def _spawn(self, launch: Launch, folder_fd: int) -> Gate:
-        """The gate, born with the launch's descriptors; `folder_fd` closed here."""
-        control_r, control_w = os.pipe2(os.O_CLOEXEC)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        grow_pipe(out_r)
-        stdin, self.port = program_input(self.state, self.id, bool(self.record.get("tty")))  # given, or a pipe
-        try:
-            process = spawn(launch, stdin, out_w, control_r, folder_fd)  # in the command's cgroup, where it has one
-        finally:
-            for fd in (control_r, out_w, folder_fd):
-                os.close(fd)
-            launch.handed_over()
-            os.close(stdin)  # the gate holds it now; a file given is removed, fed
-            if self.port.given:
-                os.unlink(layout.path(self.state, self.id, layout.INPUT))
-        return Gate(process, launch, control_w, out_r)
+    def open_input(self) -> None:
+        """The input's port listens; a file given is removed, the gate holding it (after the go: the state folder's)."""
+        assert self.port is not None
+        self.port.listen()
+        if self.port.given:
+            os.unlink(layout.path(self.state, self.id, layout.INPUT))
 
     # -- steps 5 to 8: one loop -----------------------------------------------
 

@@ -1,30 +1,39 @@
-"""serve's warm fork server: supervisors forked ready-imported.
+"""serve's warm fork server: supervisors forked ready-imported, and ahead.
 
 A supervisor booted fresh spends a hundred milliseconds starting Python and
 importing itself before its program runs. So serve starts, once, a process
-that has imported the supervisor (boot.py with `warm-fork`), and each
-`start` asks it for one: it forks, the child makes a session of its own
-and forks the supervisor, then exits, so the supervisor, like one started
-by starter.py's shell, is in a session of its own and nobody's child that
-waits; serve's threads never fork Python code.
+that has imported the supervisor (boot.py with `warm-fork`), which forks
+a supervisor *ahead*, before any start asks for it: the child makes a
+session of its own and forks again, then exits, so the supervisor, like
+one started by starter.py's shell, is in a session of its own and nobody's
+child that waits; serve's threads never fork Python code. It waits on a
+socketpair of its own for a start, holding nothing else; at end of file
+(the server ended, with serve) it exits.
 
 Only its serve can ask: the request comes on a socketpair, whose other end
 serve alone holds (close-on-exec, no path anyone could connect to, so no
 sandbox can reach it); it carries the id and, by SCM_RIGHTS, the record's
-lock and the log, which become the supervisor's stdin and stderr as they
-would with the shell. The server ends when serve ends (end of file), and
-serve kills and replaces one that died or stopped answering.
+lock and the log, which the server hands on to the supervisor ahead (one
+forked then, when none waits), where they become its stdin and stderr as
+they would with the shell. The next one is forked once the server had
+AHEAD_AFTER of quiet, not beside the program just started.
 
-A supervisor waits for the server's go, which comes only after the answer
-reached serve: a server that died before answering leaves nothing that
-will run, so serve starts that command the old way. Each supervisor writes
-`supervise <id>` over `warm-fork` and the dashes of the server's command
-line (the same lengths), so `ps` finds it by the seeds' words.
+The supervisor prepares what is its alone at once (its record read, its
+sandbox's launch and cgroup, its input's pipe, its gate forked and
+waiting), while the server answers serve; then it waits for the server's
+go, sent only once serve has the answer, before it writes anything in the
+state or files folders. A server that died before answering sends no go:
+the supervisor lets its gate go without `G`, removes its cgroup, and
+exits, having run and written nothing, so serve starts that command the
+old way. Each supervisor writes `supervise <id>` over `warm-fork` and the
+dashes of the server's command line (the same lengths), so `ps` finds it by
+the seeds' words.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -34,16 +43,17 @@ from typing import NoReturn
 
 from .. import logger
 
-Supervise = Callable[[str, str, str], int]
+Supervise = Callable[[str, str, str, Callable[[], bool]], int]
 
 WORD = "warm-fork"  # the server's word where a supervisor's is `supervise`: the same length
 PLACEHOLDER = "-" * 16  # where a supervisor's id is: the same length
 READY = b"R"  # the server's first message: imported, ready to fork
-FORKED = "forked ready-imported by serve's warm fork server"  # the supervisor's log says so
+FORKED = "forked ahead, ready-imported, by serve's warm fork server"  # the supervisor's log says so
 GO = b"G"  # from the server to a supervisor: serve has its answer
 ANSWER_WAIT = 2.0  # seconds: a server slower than this to answer is taken for dead
 GIVE_UP = 3  # servers in a row that died before answering: then starts go the old way only
 ASK = 64  # the longest request: an id
+AHEAD_AFTER = 0.02  # seconds of quiet after a start before the next supervisor is forked ahead
 
 
 class WarmForks:
@@ -172,22 +182,28 @@ def serve_forks(state: str) -> int:
 
     serve_end = socket.socket(fileno=0)
     serve_end.send(READY)
+    ahead: socket.socket | None = None  # our end of the supervisor forked ahead, waiting for a start
     while True:
+        if ahead is None and not select.select([serve_end], [], [], AHEAD_AFTER)[0]:
+            ahead = fork_ahead(serve_end, state, supervise)  # in a quiet moment, not beside a start's program
+            continue
         try:
             message, fds, _, _ = socket.recv_fds(serve_end, ASK, 2)
         except OSError:
             return 0
         if not message:
-            return 0  # serve ended: so do we (supervisors live on)
+            return 0  # serve ended: so do we, and the supervisor ahead (supervisors live on)
         try:
             if len(fds) != 2 or not ID.fullmatch(message.decode(errors="replace")):
-                code: int | None = 2
+                answered = answer(serve_end, 2)
             else:
-                code = fork_supervisor(serve_end, message.decode(), fds[0], fds[1], state, supervise)
+                if ahead is None:
+                    ahead = fork_ahead(serve_end, state, supervise)  # starts at once: one made now
+                answered, ahead = hand_over(serve_end, ahead, message.decode(), fds, state, supervise)
         finally:
             for fd in fds:
                 os.close(fd)
-        if code is None:
+        if not answered:
             return 0  # serve is gone
 
 
@@ -196,58 +212,102 @@ def warm_up() -> None:
     orjson, a real sandbox's per-call part, /etc view, git check and
     cgroup, its init's pid) and beside it (the stop file's watch): imported
     here once, not in each supervisor."""
+    import math  # noqa: F401
     import orjson  # noqa: F401
-    from ..sandboxing import beneath, cgroups, etcview, fallback, gitcheck, initpid, percall  # noqa: F401
+    from .. import config  # noqa: F401
+    from ..sandboxing import beneath, cgroups, etcview, fallback, gitcheck, initpid, launch, percall  # noqa: F401
     from . import watch  # noqa: F401
 
     cgroups.place()  # where groups are made, read once here for every supervisor forked (the same cgroup as ours)
 
 
-def fork_supervisor(serve_end: socket.socket, command_id: str, lock: int, log: int, state: str,
-                    supervise: Supervise) -> int | None:
-    """Fork one supervisor and answer serve; None if serve could not be answered."""
-    go_r, go_w = os.pipe()
+def fork_ahead(serve_end: socket.socket, state: str, supervise: Supervise) -> socket.socket | None:
+    """A supervisor forked ahead: in a session of its own, nobody's child that
+    waits, it waits for a start on its own socketpair; None when the forks failed."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
-        os.close(go_w)
-        become_supervisor(serve_end, go_r, command_id, lock, log, state, supervise)
-    os.close(go_r)
-    try:
-        _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
+        wait_ahead(serve_end, ours, theirs, state, supervise)
+    theirs.close()
+    _, status = os.waitpid(pid, 0)  # the intermediate, which exits once it forked
+    if os.waitstatus_to_exitcode(status) != 0:
+        ours.close()
+        return None
+    return ours
+
+
+def hand_over(serve_end: socket.socket, ahead: socket.socket | None, command_id: str, fds: list[int], state: str,
+              supervise: Supervise) -> tuple[bool, socket.socket | None]:
+    """The start to the supervisor ahead (one forked now if it died), serve
+    answered, then the go: whether serve was answered, and the supervisor
+    ahead that is left (None: it was used)."""
+    for _ in range(2):
+        if ahead is None:
+            break
         try:
-            serve_end.send(code.to_bytes(4, "big", signed=True))
+            socket.send_fds(ahead, [command_id.encode()], fds)
+            break
+        except OSError:  # it died waiting: another, once
+            ahead.close()
+            ahead = fork_ahead(serve_end, state, supervise)
+    else:
+        ahead = None
+    if ahead is None:
+        return answer(serve_end, 127), None
+    with ahead:
+        if not answer(serve_end, 0):
+            return False, None  # no go: it reads end of file, undoes what it made, and exits
+        try:
+            ahead.send(GO)
         except OSError:
-            return None  # no go: the supervisor exits, and a sweep mends its record
-        if code == 0:
-            os.write(go_w, GO)
-        return code
-    finally:
-        os.close(go_w)
+            pass  # it died: a sweep finds its record's lock free
+    return True, None
 
 
-def become_supervisor(serve_end: socket.socket, go_r: int, command_id: str, lock: int, log: int, state: str,
-                      supervise: Supervise) -> NoReturn:
-    """In the forked child: a session of its own, a second fork, then the
-    supervisor once serve has its answer. Never returns."""
+def answer(serve_end: socket.socket, code: int) -> bool:
+    try:
+        serve_end.send(code.to_bytes(4, "big", signed=True))
+    except OSError:
+        return False
+    return True
+
+
+def wait_ahead(serve_end: socket.socket, ours: socket.socket, theirs: socket.socket, state: str,
+               supervise: Supervise) -> NoReturn:
+    """In the forked child: a session of its own, a second fork; then the
+    supervisor waits for its start, and once it has one, becomes its
+    supervisor, which waits for the go before it touches the state or files
+    folders. End of file instead (serve's server ended): it exits. Never returns."""
     code = 1
     try:
         os.setsid()
         if os.fork():
-            os._exit(0)  # the intermediate: the server reaps it and answers
-        serve_end.close()  # fd 0, which the lock takes: as starter.py's shell hands it over
-        os.dup2(lock, 0)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # opened after: never on 0
-        os.dup2(log, 2)
-        os.closerange(3, go_r)
-        os.closerange(go_r + 1, os.sysconf("SC_OPEN_MAX"))
+            os._exit(0)  # the intermediate: the server reaps it
+        ours.close()
+        serve_end.close()  # fd 0, which the lock takes
+        os.dup2(os.open(os.devnull, os.O_RDWR), 1)  # opened on 0, which the lock takes later
+        keep = theirs.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
         os.chdir("/")
+        message, fds, _, _ = socket.recv_fds(theirs, ASK, 2)
+        if not message or len(fds) != 2:
+            os._exit(0)  # the server ended before a start came
+        command_id = message.decode()
+        os.dup2(fds[0], 0)  # the lock, as starter.py's shell hands it over
+        os.dup2(fds[1], 2)  # the log
+        for fd in fds:
+            os.close(fd)
         name_self(command_id)
-        if os.read(go_r, 1) == GO:  # else serve never heard of us: nothing runs
-            os.close(go_r)
-            code = supervise(command_id, state, FORKED)
-        else:
-            code = 0
+
+        def go() -> bool:
+            with theirs:
+                try:
+                    return theirs.recv(1) == GO  # else serve never heard of us: nothing runs
+                except OSError:
+                    return False
+
+        code = supervise(command_id, state, FORKED, go)
     except BaseException:
         import traceback
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from background_helpers import META, OTHER, background_argv, payload, read, record, start, wait_ended, wait_running
-from conftest import SERVER, parent_of, pid_alive, serve_argv, text_of, wait_for
+from conftest import SERVER, parent_of, pid_alive, serve_argv, text_of, wait_for, warm_server
 
 from linkrun.state import layout, records
 
@@ -120,6 +120,7 @@ def test_list_shows_a_command_whose_supervisor_died_as_lost_at_once(bg, state):
 def test_list_waits_for_the_end_a_sweep_is_writing_of_a_command_whose_supervisor_died(bg, state):
     # A sweep (serve's own, another serve's, the bridge's) holds the lock
     # while it writes the end: list, then, must not say the command runs.
+    wait_for(lambda: warm_server(bg.process.pid), what="serve's warm fork server")  # its first sweep looked first
     command_id = start(bg, program="sleep", args=["100"])
     gate = wait_running(state, command_id)["leader_pid"]
     os.kill(parent_of(gate), signal.SIGKILL)

@@ -166,6 +166,7 @@ def test_a_killed_supervisor_is_swept_lost_its_leftovers_killed_and_told_once(se
     way_in = ways_in()
     server = servers(told_argv(files, state, keyring, way_in.address))
     server.initialize()
+    wait_for(lambda: warm_server(server.process.pid), what="serve's warm fork server")  # its sweep looked first
     command_id = start(server, program="sh", args=["-c", "sleep 100 & echo $! > work/left; wait"])
     pid_file = files / "work" / "left"
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the leftover")

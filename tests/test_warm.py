@@ -30,6 +30,17 @@ def ancestors(pid: int) -> list[int]:
     return found
 
 
+def held_by(pid: int) -> list[str]:
+    """What a process's descriptors point at, by number; one closed while we look is left out."""
+    held = []
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        try:
+            held.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return held
+
+
 def log_path(state: Path, command_id: str) -> str:
     return layout.path(str(state), command_id, layout.LOG)
 
@@ -70,7 +81,7 @@ def test_a_warm_supervisor_is_detached_in_a_session_of_its_own_and_says_so(bg, f
     at = argv.index("supervise")
     assert argv[at:at + 4] == ["supervise", command_id, "--state", str(state)]
     lock = layout.path(str(state), command_id, layout.LOCK)
-    held = [os.readlink(fd) for fd in Path(f"/proc/{supervisor}/fd").iterdir()]
+    held = held_by(supervisor)
     assert held.count(lock) == 1 and os.readlink(f"/proc/{supervisor}/fd/0") == "/dev/null"  # held, off stdin
     assert [os.readlink(f"/proc/{supervisor}/fd/{fd}") for fd in (1, 2)] == ["/dev/null", log_path(state, command_id)]
     assert records.is_held(str(state), command_id)
@@ -143,25 +154,28 @@ def test_a_server_that_stops_answering_is_killed_and_the_start_boots_its_supervi
 
 
 def ahead_of(server, state: Path) -> int | None:
-    """The supervisor the server forked ahead for `state`, waiting for a start: the server's words, not its child."""
+    """The supervisor the server forked ahead for `state`, waiting for a start: the server's words, neither
+    the server nor a child of a process of ours (a fork on its way, or the gate a supervisor forked ahead)."""
     forks = warm_server(server.process.pid)
+    words_of = {}
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
-            words = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            words_of[int(name)] = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"warm-fork" in words and str(state).encode() in words and int(name) != forks:
-            return int(name)
-    return None
+    ours = {pid for pid, words in words_of.items() if str(state).encode() in words}
+    found = [pid for pid in ours if b"warm-fork" in words_of[pid] and pid != forks and pid_alive(pid)
+             and parent_of(pid) not in ours]
+    return found[0] if len(found) == 1 else None
 
 
 def test_a_start_is_handed_to_the_supervisor_forked_ahead_which_is_detached(bg, files, state):
     server = bg
     ready_warm_server(server, state)
-    ahead = wait_for(lambda: ahead_of(server, state), what="a supervisor forked ahead")
+    ahead, _ = ahead_and_gate(server, state)
     assert server.process.pid not in ancestors(ahead)  # nobody's child that waits, serve's least of all
     assert session_of(ahead) not in (session_of(server.process.pid), session_of(warm_server(server.process.pid)))
-    held = [os.readlink(f"/proc/{ahead}/fd/{fd}") for fd in os.listdir(f"/proc/{ahead}/fd")]
+    held = held_by(ahead)
     assert not [path for path in held if str(state) in path or str(files) in path]  # nothing of any command yet
     command_id = start(server, program="sh", args=["-c", "echo ahead"])
     ended = wait_ended(state, command_id)
@@ -172,13 +186,35 @@ def test_a_start_is_handed_to_the_supervisor_forked_ahead_which_is_detached(bg, 
     wait_for(lambda: ahead_of(server, state) not in (None, ahead), what="the next supervisor forked ahead")
 
 
-def test_the_supervisor_ahead_runs_the_start_it_was_handed(bg, files, state):
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def ahead_and_gate(server, state: Path) -> tuple[int, int]:
+    """The supervisor forked ahead, and the gate it forked ahead, once both wait."""
+    def both() -> tuple[int, int] | None:
+        ahead = ahead_of(server, state)
+        gates = children_of(ahead) if ahead is not None else []
+        return (ahead, gates[0]) if ahead is not None and len(gates) == 1 else None
+
+    return wait_for(both, what="a supervisor forked ahead, and its gate")
+
+
+def test_the_supervisor_ahead_runs_the_start_it_was_handed_in_the_gate_it_forked_ahead(bg, files, state):
     server = bg
     ready_warm_server(server, state)
-    ahead = wait_for(lambda: ahead_of(server, state), what="a supervisor forked ahead")
+    ahead, gate = ahead_and_gate(server, state)
+    wait_for(lambda: os.getpgid(gate) == gate, what="its gate in a process group of its own")  # set just after the fork
+    held = held_by(gate)
+    assert len(held) == 4 and held[:2] == ["/dev/null"] * 2 and held[3].startswith("socket:")  # and the server's stderr
+    assert not [path for path in held if str(state) in path or str(files) in path]  # nothing of any command yet
     command_id = start(server, program="sleep", args=["100"])
-    supervisor = parent_of(wait_running(state, command_id)["leader_pid"])
-    assert supervisor == ahead
+    running = wait_running(state, command_id)
+    supervisor = parent_of(running["leader_pid"])
+    assert (supervisor, running["leader_pid"], running["group"]) == (ahead, gate, gate)
     argv = Path(f"/proc/{supervisor}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
     assert argv[argv.index("supervise"):][:2] == ["supervise", command_id]
 
@@ -187,13 +223,26 @@ def test_the_supervisor_ahead_runs_the_start_it_was_handed(bg, files, state):
 def test_the_supervisor_ahead_ends_with_serve_and_leaves_nothing(bg, files, state, how):
     server = bg
     ready_warm_server(server, state)
-    ahead = wait_for(lambda: ahead_of(server, state), what="a supervisor forked ahead")
+    ahead, gate = ahead_and_gate(server, state)
     if how == "killed":
         server.process.kill()
     else:
         server.process.stdin.close()
     server.process.wait()
     wait_for(lambda: not pid_alive(ahead), what="the supervisor ahead to end with serve's server")
+    wait_for(lambda: not pid_alive(gate), what="its gate to end with it")
+
+
+def test_a_launch_too_large_to_hand_to_the_gate_ahead_runs_in_a_gate_forked_for_it(bg, files, state):
+    server = bg
+    ready_warm_server(server, state)
+    ahead, gate = ahead_and_gate(server, state)
+    words = ["x" * 100_000] * 3  # 300 kB: more than one message on a socketpair
+    command_id = start(server, program="sh", args=["-c", 'echo "$#" "${#1}"', "sh", *words])
+    ended = wait_ended(state, command_id)
+    assert (ended["state"], ended["exit"]) == ("exited", 0)
+    assert (files / "background" / f"{command_id}.out").read_bytes() == b"3 100000\n"
+    assert ended["leader_pid"] != gate and not pid_alive(gate)  # the one ahead, unused, exited
 
 
 SUPERVISE = """

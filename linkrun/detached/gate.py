@@ -18,7 +18,12 @@ A supervisor that is still single-threaded at step 3 (every one but in a
 rare case) forks its gate instead (`spawn`): the same steps, without the
 interpreter's start that an exec of this script costs, on the way from
 `start` to the program, and it joins the command's cgroup itself where the
-booted gate's sandbox command starts with a shell that joins it.
+booted gate's sandbox command starts with a shell that joins it. A
+supervisor forked ahead forks its gate ahead too (`Ahead`), while both wait
+for a start: the gate arms its death signal at once, and is later handed the
+launch in one message, with its descriptors, which it takes to the numbers
+the sandbox's argv names; a launch too large for one message gets a gate
+forked for it, and the one ahead exits unused.
 """
 
 import ctypes
@@ -30,11 +35,15 @@ import threading
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # run as a script, the gate imports nothing of the package
+    import socket
+    from collections.abc import Sequence
+
     from linkrun.detached.input import InputPort
     from linkrun.sandboxing.launch import Launch
     from linkrun.state.records import Record
 
 PR_SET_PDEATHSIG = 1
+HANDED_MOST = 1 << 20  # bytes of a launch handed to a gate forked ahead: more than a socket sends as one message
 
 
 def main() -> int:
@@ -43,12 +52,7 @@ def main() -> int:
 
 
 def gate(supervisor: int, control: int, env: "dict[str, str] | os._Environ[str]", argv: "list[str]") -> int:
-    # 3. Die with the supervisor's main thread, which spawned us; then check it
-    # is still our parent, or it died before the death signal was armed.
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return 125
-    if os.getppid() != supervisor:
+    if not armed(supervisor):
         return 125
     # 4. Wait for the record to name our group.
     if os.read(control, 1) != b"G":
@@ -93,14 +97,23 @@ class Gate:
         os.close(self.out_r)
 
 
-def make_gate(record: "Record", state: str, command_id: str) -> "tuple[Gate, InputPort]":
+def make_gate(record: "Record", state: str, command_id: str, ahead: "Ahead | None" = None) -> "tuple[Gate, InputPort]":
     """Step 3, in the supervisor: the sandbox's launch prepared from the
     record, as serve prepares a call's (its cgroup made), and the gate spawned
     with its descriptors, the output pipe and the program's input (its port
     not yet listening): the gate itself only arms its death signal, waits for
     `G` and execs. Nothing of it is in the state or files folders. Raises
     OSError, or Refused for a link planted on its folders since start,
-    having closed what it made."""
+    having closed what it made. The gate forked `ahead` is handed the launch
+    (closed here, whatever comes), else one is forked now."""
+    try:
+        return _made(record, state, command_id, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()  # unused: it exits
+
+
+def _made(record: "Record", state: str, command_id: str, ahead: "Ahead | None") -> "tuple[Gate, InputPort]":
     import math
 
     from ..config import Limits
@@ -128,7 +141,7 @@ def make_gate(record: "Record", state: str, command_id: str) -> "tuple[Gate, Inp
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         grow_pipe(out_r)
         stdin, port = program_input(state, command_id, bool(record.get("tty")))
-        process = spawn(launch, stdin, out_w, control_r, folder_fd)  # in the command's cgroup, where it has one
+        process = _handed(ahead, launch, stdin, out_w, control_r, folder_fd)
     except BaseException:
         for fd in (control_w, out_r):
             if fd >= 0:
@@ -143,6 +156,24 @@ def make_gate(record: "Record", state: str, command_id: str) -> "tuple[Gate, Inp
                 os.close(fd)  # the gate holds them now
         launch.handed_over()
     return Gate(process, launch, control_w, out_r), port
+
+
+def armed(supervisor: int) -> bool:
+    """3. Die with the supervisor's main thread, which forked us; then check it
+    is still our parent, or it died before the death signal was armed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == supervisor
+
+
+def _handed(ahead: "Ahead | None", launch: "Launch", stdin: int, out: int, control: int,
+            folder: int) -> "subprocess.Popen[bytes]":
+    """The gate ahead, given the launch; else (none, or gone) one spawned now, in the command's cgroup."""
+    if ahead is not None and threading.active_count() == 1:
+        try:
+            return ahead.hand(launch, stdin, out, control, folder)
+        except OSError:
+            pass  # it died waiting
+    return spawn(launch, stdin, out, control, folder)
 
 
 class Forked(subprocess.Popen[bytes]):
@@ -182,19 +213,101 @@ def spawn(launch: "Launch", stdin: int, out: int, control: int, folder: int) -> 
     supervisor = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _forked(supervisor, launch, {} if env is not None else dict(os.environ), stdin, out, control, folder)
+        _become(supervisor, "clear" if env is not None else "keep", launch.argv, launch.joins(), stdin, out, control,
+                folder, {fd: fd for fd in fds})
     os.setpgid(pid, pid)  # as the child does: the group is ours to kill from now on
     return Forked(pid)
 
 
-def _forked(supervisor: int, launch: "Launch", env: "dict[str, str]", stdin: int, out: int, control: int,
-            folder: int) -> NoReturn:
-    """The forked gate: what Popen's child would do, its keyring and cgroup entered, then the gate's steps."""
-    fds = launch.fds
+class Ahead:
+    """A gate forked ahead, by a supervisor forked ahead while it waits for its
+    start: a process group of its own, its death signal armed, nothing of
+    ours held but its socket. `hand` gives it the launch it becomes, as
+    `spawn`'s fork would have it; `close`, unused, lets it exit."""
+
+    def __init__(self) -> None:
+        import socket
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        supervisor = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _ahead(supervisor, theirs)
+        theirs.close()
+        os.setpgid(pid, pid)
+        self.socket: socket.socket | None = ours
+        self.process = Forked(pid)
+
+    def hand(self, launch: "Launch", stdin: int, out: int, control: int, folder: int) -> "subprocess.Popen[bytes]":
+        """The gate, given the launch and its descriptors, which it takes to
+        their numbers: one message, which arrives whole or not at all. OSError
+        when it was not sent (the gate is gone, or the argv is larger than a
+        message can be): then nothing of it reached the gate."""
+        import socket
+
+        assert self.socket is not None
+        fields = ["keep" if launch.env is None else "clear", *map(str, launch.fds), "", *launch.joins(), "",
+                  *launch.argv]
+        message = "\0".join(fields).encode("utf-8", "surrogateescape")
+        socket.send_fds(self.socket, [message], [stdin, out, control, folder, *launch.fds])
+        self.socket.close()
+        self.socket = None
+        return self.process
+
+    def close(self) -> None:
+        """Unused: it reads end of file and exits, reaped here."""
+        if self.socket is not None:
+            self.socket.close()
+            self.socket = None
+            self.process.wait()
+
+
+def _ahead(supervisor: int, given: "socket.socket") -> NoReturn:
+    """The gate forked ahead: it waits for its launch, then becomes it as `spawn`'s fork does."""
     code = 125
     try:
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(number, signal.SIG_DFL)  # the supervisor's handlers are not ours
+        os.setpgid(0, 0)  # as the supervisor does for us: the group is its to kill from now on
+        keep = given.fileno()
+        for low, high in ((2, keep), (keep, os.sysconf("SC_OPEN_MAX"))):
+            os.closerange(low + 1, high)  # nothing of the supervisor's, ahead of the launch
+        handed = _handed_launch(given) if armed(supervisor) else None
+        if handed is None:
+            code = 0
+        else:
+            fields, fds = handed
+            mode, rest = fields[0], fields[1:]
+            numbers = [int(n) for n in rest[:rest.index("")]]
+            rest = rest[len(numbers) + 1:]
+            joins, argv = rest[:rest.index("")], rest[rest.index("") + 1:]
+            stdin, out, control, folder, *launch_fds = fds
+            _become(supervisor, mode, argv, joins, stdin, out, control, folder,
+                    dict(zip(numbers, launch_fds, strict=True)))
+    finally:
+        os._exit(code)
+
+
+def _handed_launch(given: "socket.socket") -> "tuple[list[str], list[int]] | None":
+    """What `Ahead.hand` sent, and the descriptors with it; None at end of file (never handed one)."""
+    import socket
+
+    message, fds, flags, _ = socket.recv_fds(given, HANDED_MOST, 64)
+    given.close()
+    if not message or flags & socket.MSG_TRUNC:
+        return None
+    return message.decode("utf-8", "surrogateescape").split("\0"), fds
+
+
+def _become(supervisor: int, mode: str, argv: "list[str]", joins: "Sequence[str]", stdin: int, out: int,
+            control: int, folder: int, fds: "dict[int, int]") -> NoReturn:
+    """The forked gate: what Popen's child would do (`fds`: each number the
+    sandbox's argv names, and where it is now), its keyring and cgroup
+    entered, then the gate's steps."""
+    import fcntl
+
+    code = 125
+    try:
+        for caught in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(caught, signal.SIG_DFL)  # the supervisor's handlers are not ours
         signal.set_wakeup_fd(-1)
         os.setpgid(0, 0)
         os.fchdir(folder)
@@ -203,15 +316,45 @@ def _forked(supervisor: int, launch: "Launch", env: "dict[str, str]", stdin: int
         os.dup2(stdin, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
+        if any(number != fd for number, fd in fds.items()):  # taken to their numbers, none over another
+            above = max([control, *fds, *fds.values()]) + 1
+            moved = {number: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for number, fd in fds.items()}
+            control = fcntl.fcntl(control, fcntl.F_DUPFD_CLOEXEC, above)
+            for number, fd in moved.items():
+                os.dup2(fd, number)
+            fds = {number: number for number in fds}
         kept = sorted({0, 1, 2, control, *fds})
         for low, high in zip(kept, [*kept[1:], os.sysconf("SC_OPEN_MAX")], strict=True):
             os.closerange(low + 1, high)  # nothing of the supervisor's but what the sandbox is handed
-        for fd in fds:
-            os.set_inheritable(fd, True)
-        launch.enter()  # its keyring and cgroup, which a Popen's parent gives it
-        code = gate(supervisor, control, env, launch.argv)
+        for number in fds:
+            os.set_inheritable(number, True)
+        enter(joins)  # its keyring and cgroup, which a Popen's parent gives it
+        code = gate(supervisor, control, {} if mode == "clear" else dict(os.environ), argv)
     finally:
         os._exit(code)
+
+
+def enter(joins: "Sequence[str]") -> None:
+    """A forked child's own `spawning()` and `command()`, before it becomes the sandbox: a new
+    session keyring, and the launch's cgroup joined (`Launch.joins`). SystemExit(125), said on
+    stderr, when either fails."""
+    from ..errors import LinkRunError
+    from ..sandboxing.launch import own_keyring
+
+    try:
+        own_keyring()
+    except LinkRunError as problem:
+        os.write(2, f"lnk-link-run: {problem}\n".encode())
+        raise SystemExit(125) from None
+    # "0": the writer itself (v1: this thread, the child's only one, without the global migration lock).
+    for path in joins:
+        try:
+            with open(path, "w") as group:
+                group.write("0")
+        except OSError as error:
+            os.write(2, f"lnk-link-run: cannot join the cgroup of its limits: {path}: {error.strerror}\n".encode())
+            raise SystemExit(125) from None
+
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from ..processes.child import boottime, kill_group, program_session
 from ..units import signal_name
 from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch
-from .gate import Gate, make_gate
+from .gate import Ahead, Gate, make_gate
 from .outfile import OutputFile
 from .outread import last_bytes
 from .input import InputPort
@@ -65,12 +65,13 @@ def main(argv: list[str]) -> int:
     return supervise(argv[0], argv[2])
 
 
-def supervise(command_id: str, state: str, how: str = "booted", go: Callable[[], bool] | None = None) -> int:
+def supervise(command_id: str, state: str, how: str = "booted", go: Callable[[], bool] | None = None,
+              ahead: Ahead | None = None) -> int:
     logger.start(f"supervise {command_id}")  # its stderr is its own log: never quiet
     if not records.ID.fullmatch(command_id):
         logger.error(f"{command_id!r} is not a command id")
         return 2
-    return Supervisor(command_id, os.path.abspath(state)).run(how, go)
+    return Supervisor(command_id, os.path.abspath(state)).run(how, go, ahead)
 
 
 class Supervisor:
@@ -91,10 +92,10 @@ class Supervisor:
         self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
         self.port: InputPort | None = None  # its input's port: writes reach it there (step 3 makes it)
 
-    def run(self, how: str, go: Callable[[], bool] | None) -> int:
+    def run(self, how: str, go: Callable[[], bool] | None, ahead: Ahead | None = None) -> int:
         """The steps; with `go` (a supervisor forked ahead), what is ours alone
         first, then nothing in the state or files folders before it says yes."""
-        record, made = self.ours_alone()
+        record, made = self.ours_alone(ahead)
         if go is not None and not go():
             if isinstance(made, Gate):
                 self.let_nothing_run(made)
@@ -105,13 +106,14 @@ class Supervisor:
             return 1
         return self.run_program(record, made)
 
-    def ours_alone(self) -> tuple[Record | None, Gate | Exception | None]:
+    def ours_alone(self, ahead: Ahead | None) -> tuple[Record | None, Gate | Exception | None]:
         """Steps 1 and 3 (before 2): the lock, the record read, the signals
         caught, and the gate (its sandbox prepared, its cgroup made, its
         input's pipe), from this (main) thread, whose death signal it follows.
         It waits for `G`, and nothing of it is in the state or files folders:
         a supervisor that gets no go lets it go, and leaves nothing. The gate,
-        or the problem that kept it from being made."""
+        or the problem that kept it from being made. The gate forked ahead, if
+        any, becomes it."""
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
         # the lock moves to a close-on-exec descriptor. We never exec after this.
         self.lock_fd = os.dup(0)
@@ -132,10 +134,12 @@ class Supervisor:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
         made: Gate | Exception | None = None
+        if record is None and ahead is not None:
+            ahead.close()
         if record is not None:
             self.record = record
             try:
-                made, self.port = make_gate(record, self.state, self.id)  # closes what it made when it fails
+                made, self.port = make_gate(record, self.state, self.id, ahead)  # closes what it made when it fails
             except Exception as problem:  # OSError, or a link planted on its folders since start
                 made = problem
         return record, made

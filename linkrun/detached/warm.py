@@ -42,8 +42,9 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from .. import logger
+from .gate import Ahead
 
-Supervise = Callable[[str, str, str, Callable[[], bool]], int]
+Supervise = Callable[[str, str, str, Callable[[], bool], "Ahead"], int]
 
 WORD = "warm-fork"  # the server's word where a supervisor's is `supervise`: the same length
 PLACEHOLDER = "-" * 16  # where a supervisor's id is: the same length
@@ -290,8 +291,10 @@ def wait_ahead(serve_end: socket.socket, ours: socket.socket, theirs: socket.soc
         os.closerange(3, keep)
         os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
         os.chdir("/")
+        gate = Ahead()  # its gate, forked ahead too: a fork less on the way to the program
         message, fds, _, _ = socket.recv_fds(theirs, ASK, 2)
         if not message or len(fds) != 2:
+            gate.close()
             os._exit(0)  # the server ended before a start came
         command_id = message.decode()
         os.dup2(fds[0], 0)  # the lock, as starter.py's shell hands it over
@@ -307,7 +310,7 @@ def wait_ahead(serve_end: socket.socket, ours: socket.socket, theirs: socket.soc
                 except OSError:
                     return False
 
-        code = supervise(command_id, state, FORKED, go)
+        code = supervise(command_id, state, FORKED, go, gate)
     except BaseException:
         import traceback
 

@@ -162,26 +162,11 @@ class Launch:
             return self.argv
         return ["/bin/sh", "-c", JOIN, "sh", *self.group.procs, "--", *self.argv]
 
-    def enter(self) -> None:
-        """A forked child's own `spawning()` and `command()`, before it becomes the sandbox: a new
-        session keyring, and the launch's cgroup joined. SystemExit(125), said on stderr, when either fails."""
-        from ..errors import LinkRunError
-
-        try:
-            own_keyring()
-        except LinkRunError as problem:
-            os.write(2, f"lnk-link-run: {problem}\n".encode())
-            raise SystemExit(125) from None
+    def joins(self) -> tuple[str, ...]:
+        """The files a forked child writes itself into to join the launch's cgroup (gate.py's `enter`)."""
         if self.group is None:
-            return
-        # "0": the writer itself (v1: this thread, the child's only one, without the global migration lock).
-        for path in self.group.procs if self.group.version == 2 else self.group.tasks:
-            try:
-                with open(path, "w") as group:
-                    group.write("0")
-            except OSError as error:
-                os.write(2, f"lnk-link-run: cannot join the cgroup of its limits: {path}: {error.strerror}\n".encode())
-                raise SystemExit(125) from None
+            return ()
+        return tuple(self.group.procs if self.group.version == 2 else self.group.tasks)
 
     @functools.cached_property
     def key(self) -> tuple[object, ...]:

@@ -12,7 +12,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import clean_env, serve_argv, text_of, wait_for
+from conftest import clean_env, serve_argv, text_of, wait_for, warm_server
 from standin_helpers import output_block
 from told_helpers import AGENT, META, start, supervisor_of_record, sweep, told_argv, wait_record
 
@@ -150,6 +150,7 @@ def test_told_exactly_once_across_a_way_in_down_then_back(servers, files, state,
     socket_path = tmp_path / "way-in.sock"
     server = servers(told_argv(files, state, keyring, f"unix:{socket_path}"))
     server.initialize()
+    wait_for(lambda: warm_server(server.process.pid), what="serve's warm fork server")  # its sweep looked first
     command_id = cued(server, "listening on 1\n")
     log = layout.path(str(state), command_id, ".log")
     wait_for(lambda: "lines message 1" in (text := Path(log).read_text()) and "not reached" in text,
@@ -170,6 +171,7 @@ def test_a_supervisor_killed_with_a_message_unsent_is_swept_and_told_once_before
     socket_path = tmp_path / "way-in.sock"
     server = servers(told_argv(files, state, keyring, f"unix:{socket_path}"))
     server.initialize()
+    wait_for(lambda: warm_server(server.process.pid), what="serve's warm fork server")  # its sweep looked first
     command_id = cued(server, "listening on 1\n")
     record = wait_record(state, command_id, lambda r: (r.get("lines_batch") or {}).get("n") == 1, "a sealed message")
     os.kill(supervisor_of_record(state, record), signal.SIGKILL)

@@ -150,6 +150,7 @@ def test_a_supervisor_killed_mid_send_is_sent_again_and_delivered_once(servers, 
     slow = ways_in("--delay", "30")
     server = servers(told_argv(files, state, keyring, slow.address))
     server.initialize()
+    wait_for(lambda: warm_server(server.process.pid), what="serve's warm fork server")  # its sweep looked first
     command_id = start(server, program="sh", args=["-c", "echo bye"])
     record = wait_record(state, command_id, lambda r: r["told"] == "telling", "telling")
     supervisor = supervisor_of_record(state, record)

@@ -78,12 +78,15 @@ def sweep(state, *flags) -> subprocess.CompletedProcess:
 
 
 def supervisor_of_record(state, record) -> int:
-    # The supervisor's pid is in its log's lines? No: find the process holding the lock.
+    # The process holding the lock open that is a supervisor: a sweep, or serve, may have it open a moment too.
     lock = layout.path(str(state), record["id"], ".lock")
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"supervise" not in cmdline.read().split(b"\0"):
+                    continue
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 if os.readlink(f"/proc/{pid}/fd/{fd}") == lock:
                     return int(pid)

@@ -1154,7 +1154,7 @@ def peer_call(peer: Server) -> float:
     request_id = int(time.monotonic_ns())
     t = time.perf_counter()
     peer.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-               "params": {"name": "run_process", "arguments": {"mode": "shell", "command_line": "echo hi"}}})
+               "params": {"name": "run_command", "arguments": {"command": "echo hi"}}})
     answered, _ = peer.wait(request_id)
     return answered - t
 

@@ -122,12 +122,15 @@ def test_when_serve_ends_the_server_ends_and_supervisors_live_on(bg, files, stat
     supervisor = parent_of(wait_running(state, running)["leader_pid"])
     forks = warm_server(server.process.pid)
     assert forks is not None
+    ahead, gate = ahead_and_gate(server, state)  # the next start's, waiting
     if how == "killed":
         server.process.kill()
     else:
         server.process.stdin.close()
     server.process.wait()
     wait_for(lambda: not pid_alive(forks), what="the server to end with serve")
+    wait_for(lambda: not pid_alive(ahead), what="the supervisor ahead to end with the server")
+    wait_for(lambda: not pid_alive(gate), what="its gate to end with it")
     assert pid_alive(supervisor)
     ended = wait_ended(state, command_id)
     assert (ended["state"], ended["exit"]) == ("exited", 0)
@@ -217,20 +220,6 @@ def test_the_supervisor_ahead_runs_the_start_it_was_handed_in_the_gate_it_forked
     assert (supervisor, running["leader_pid"], running["group"]) == (ahead, gate, gate)
     argv = Path(f"/proc/{supervisor}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
     assert argv[argv.index("supervise"):][:2] == ["supervise", command_id]
-
-
-@pytest.mark.parametrize("how", ["killed", "its input closed"])
-def test_the_supervisor_ahead_ends_with_serve_and_leaves_nothing(bg, files, state, how):
-    server = bg
-    ready_warm_server(server, state)
-    ahead, gate = ahead_and_gate(server, state)
-    if how == "killed":
-        server.process.kill()
-    else:
-        server.process.stdin.close()
-    server.process.wait()
-    wait_for(lambda: not pid_alive(ahead), what="the supervisor ahead to end with serve's server")
-    wait_for(lambda: not pid_alive(gate), what="its gate to end with it")
 
 
 def test_a_launch_too_large_to_hand_to_the_gate_ahead_runs_in_a_gate_forked_for_it(bg, files, state):

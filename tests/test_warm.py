@@ -291,5 +291,11 @@ def test_a_supervisor_ahead_that_gets_no_go_leaves_nothing_and_runs_nothing(file
     # The same run told to go runs the command: what was checked above is the no-go's doing.
     command_id, _, code, _ = supervise_with(state, files, True, marker)
     assert code == 0 and marker.exists(), Path(log_path(state, command_id)).read_text()
-    assert wait_ended(state, command_id)["state"] == "exited"
+    ended = wait_ended(state, command_id)
+    assert ended["state"] == "exited"
     assert (files / "background" / f"{command_id}.out").exists()
+    from linkrun.config import Limits
+    from linkrun.sandboxing import cgroups
+
+    if cgroups.place().holds(Limits(tasks=64)):  # where groups can be made, the run made one: the no-go's was removed
+        assert ended["cgroup"] is not None

@@ -356,6 +356,5 @@ def enter(joins: "Sequence[str]") -> None:
             raise SystemExit(125) from None
 
 
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -134,9 +134,10 @@ class Supervisor:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
         made: Gate | Exception | None = None
-        if record is None and ahead is not None:
-            ahead.close()
-        if record is not None:
+        if record is None:
+            if ahead is not None:
+                ahead.close()
+        else:
             self.record = record
             try:
                 made, self.port = make_gate(record, self.state, self.id, ahead)  # closes what it made when it fails

@@ -44,7 +44,7 @@ from typing import NoReturn
 from .. import logger
 from .gate import Ahead
 
-Supervise = Callable[[str, str, str, Callable[[], bool], "Ahead"], int]
+Supervise = Callable[[str, str, str, Callable[[], bool], Ahead], int]
 
 WORD = "warm-fork"  # the server's word where a supervisor's is `supervise`: the same length
 PLACEHOLDER = "-" * 16  # where a supervisor's id is: the same length
@@ -184,9 +184,11 @@ def serve_forks(state: str) -> int:
     serve_end = socket.socket(fileno=0)
     serve_end.send(READY)
     ahead: socket.socket | None = None  # our end of the supervisor forked ahead, waiting for a start
+    quiet = True  # forking ahead is tried in the next quiet moment; after a failure, only at a start
     while True:
-        if ahead is None and not select.select([serve_end], [], [], AHEAD_AFTER)[0]:
+        if ahead is None and quiet and not select.select([serve_end], [], [], AHEAD_AFTER)[0]:
             ahead = fork_ahead(serve_end, state, supervise)  # in a quiet moment, not beside a start's program
+            quiet = ahead is not None
             continue
         try:
             message, fds, _, _ = socket.recv_fds(serve_end, ASK, 2)
@@ -198,9 +200,8 @@ def serve_forks(state: str) -> int:
             if len(fds) != 2 or not ID.fullmatch(message.decode(errors="replace")):
                 answered = answer(serve_end, 2)
             else:
-                if ahead is None:
-                    ahead = fork_ahead(serve_end, state, supervise)  # starts at once: one made now
-                answered, ahead = hand_over(serve_end, ahead, message.decode(), fds, state, supervise)
+                answered = hand_over(serve_end, ahead, message.decode(), fds, state, supervise)
+                ahead, quiet = None, True
         finally:
             for fd in fds:
                 os.close(fd)
@@ -238,11 +239,12 @@ def fork_ahead(serve_end: socket.socket, state: str, supervise: Supervise) -> so
 
 
 def hand_over(serve_end: socket.socket, ahead: socket.socket | None, command_id: str, fds: list[int], state: str,
-              supervise: Supervise) -> tuple[bool, socket.socket | None]:
-    """The start to the supervisor ahead (one forked now if it died), serve
-    answered, then the go: whether serve was answered, and the supervisor
-    ahead that is left (None: it was used)."""
+              supervise: Supervise) -> bool:
+    """The start to the supervisor ahead (one forked now when none waits, or
+    the one waiting died), serve answered, then the go: whether serve was
+    answered. The supervisor ahead is used up (or closed) whatever comes."""
     for _ in range(2):
+        ahead = ahead or fork_ahead(serve_end, state, supervise)
         if ahead is None:
             break
         try:
@@ -250,19 +252,17 @@ def hand_over(serve_end: socket.socket, ahead: socket.socket | None, command_id:
             break
         except OSError:  # it died waiting: another, once
             ahead.close()
-            ahead = fork_ahead(serve_end, state, supervise)
-    else:
-        ahead = None
+            ahead = None
     if ahead is None:
-        return answer(serve_end, 127), None
+        return answer(serve_end, 127)
     with ahead:
         if not answer(serve_end, 0):
-            return False, None  # no go: it reads end of file, undoes what it made, and exits
+            return False  # no go: it reads end of file, undoes what it made, and exits
         try:
             ahead.send(GO)
         except OSError:
             pass  # it died: a sweep finds its record's lock free
-    return True, None
+    return True
 
 
 def answer(serve_end: socket.socket, code: int) -> bool:

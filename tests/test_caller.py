@@ -15,7 +15,7 @@ from linkrun import config
 from linkrun.calls.caller import Caller
 from linkrun.calls.setup import CallSetup
 from linkrun.errors import Refused
-from linkrun.processes.runner import LEFTOVER_GRACE, Cancel, Request
+from linkrun.processes.runner import LEFTOVER_GRACE, Cancel, Later, Request
 
 SH = shutil.which("sh", path=SYSTEM_PATH)
 
@@ -68,3 +68,15 @@ def test_the_leftovers_of_calls_are_killed_each_at_its_time_by_one_thread_that_t
              what="each leftover killed a second after its program")
     wait_for(lambda: "leftovers" not in [thread.name for thread in threading.enumerate()], timeout=5,
              what="the thread to end with none left")
+
+
+def test_what_a_call_leaves_for_after_its_answer_runs_once_in_order_and_past_a_job_that_fails(capfd):
+    ran: list[str] = []
+    later = Later()
+    later.add(lambda: ran.append("first"))
+    later.add(lambda: 1 / 0)
+    later.add(lambda: ran.append("last"))
+    later.run()
+    later.run()  # nothing is left: each job ran once
+    assert ran == ["first", "last"]
+    assert "ZeroDivisionError" in capfd.readouterr().err  # said, not raised: the answer is out by then

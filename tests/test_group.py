@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 
 import pytest
 from conftest import pid_alive
@@ -93,3 +94,37 @@ def test_a_short_programs_few_bytes_and_its_end_are_not_held_by_the_pause_that_g
     assert boottime() - started < 10, "the answer waited for the whole pause"
     process.stdout.close()
     process.wait()
+
+
+def test_at_the_leaders_exit_the_output_is_read_without_waiting_for_the_sandbox_init_to_let_go_of_it(stand_in_init):
+    # bwrap's init holds the program's output pipe (its stdio) until its
+    # namespaces are torn down, after the program's end. Here the test holds
+    # it, as long as it likes: all the program wrote is read, and the watch
+    # ends at the exit, not at the pipe's end (which came 60 s later before).
+    read_end, write_end = os.pipe()
+    got = bytearray()
+
+    def sink(fd: int) -> int:
+        data = os.read(fd, 1 << 20)
+        got.extend(data)
+        return len(data)
+
+    try:
+        process = subprocess.Popen(["sh", "-c", "head -c 300000 /dev/zero; printf end"], process_group=0,
+                                   stdout=write_end)
+        leader = Leader(process)
+        leader.sandbox_init = os.pidfd_open(stand_in_init.pid)
+        watch = Watch(leader, boottime() + 120, leftover_grace=60.0)
+        watch.drain(read_end, sink)
+        running = threading.Thread(target=watch.run)
+        running.start()
+        running.join(timeout=30)
+        assert not running.is_alive(), "the watch waited for the pipe's end"
+        assert (watch.exit, watch.ending) == (0, None)
+        assert len(got) == 300_003 and got.endswith(b"end")
+        assert stand_in_init.wait(timeout=10) == -signal.SIGKILL
+        process.wait()
+    finally:
+        os.close(write_end)
+        running.join()
+        os.close(read_end)

@@ -20,6 +20,7 @@ not in the background command's gate.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from ..config import Serve
 from ..errors import LinkRunError
 from ..invocation import typed
 from ..processes.keeper import Keeper
-from ..processes.runner import Cancel, Outcome, Request, Runner, open_folder
+from ..processes.runner import Cancel, Later, Outcome, Request, Runner, open_folder
 from ..processes.spare import LOADER_TAIL, NotNow, Spare, Spares, script
 from ..sandboxing.launch import Launch, join_group, prepare, program_argv
 from .setup import CallSetup, check_exec_size
@@ -105,9 +106,18 @@ class Caller:
     # -- a call ------------------------------------------------------------
 
     def run(self, request: Request, cancel: Cancel, progress: Callable[[float, int], None] | None = None,
-            keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
+            keepers: tuple[Keeper, Keeper] | None = None, later: Later | None = None) -> Outcome:
         """Run one call (see the module's docstring): Refused or LinkRunError
-        before anything ran; `progress` and `keepers` as runner.Runner.run."""
+        before anything ran; `progress` and `keepers` as runner.Runner.run.
+        What the call leaves to do once it is answered goes to `later`, which
+        the sender of its answer runs once it is out; without one, it is done
+        before this returns."""
+        if later is None:
+            later = Later()
+            try:
+                return self.run(request, cancel, progress, keepers, later)
+            finally:
+                later.run()
         folder_fd = open_folder(self.files_descriptor(), request.folder)
         counted = False  # by the spares, as a call in flight
         try:
@@ -120,16 +130,16 @@ class Caller:
                 if spare is None:
                     join_group(launch, self.sandbox)
                 try:
-                    outcome = self.runner.run(request, launch, folder_fd, cancel, self.settings.output, progress,
-                                              spare, keepers)
+                    outcome = self.runner.run(request, launch, folder_fd, cancel, self.settings.output, later,
+                                              progress, spare, keepers)
                 finally:
                     if spare is not None:
-                        spare.launch.close()
+                        later.add(spare.launch.close)
                 no_internet = no_internet or launch.no_internet
         finally:
             os.close(folder_fd)
             if self.spares is not None:
-                self.spares.done(counted)
+                later.add(functools.partial(self.spares.done, counted))
         outcome.git_notes, outcome.no_internet = launch.git_notes, no_internet
         if not no_internet and not outcome.cancelled and self.proxy is not None and self.settings.state:
             outcome.refused = refusals(self.settings.state, since, outcome.pid)

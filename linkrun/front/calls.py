@@ -14,16 +14,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from typing import Any
 
 from .. import logger
-from .protocol import Channel
+from .protocol import Channel, RequestId
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..processes.runner import Cancel
+    from ..processes.runner import Cancel, Later
 
-RequestId = str | int  # as the session accepts them
 Key = tuple[str, RequestId]
 # progress(progress, total, message): what a call's context holds when its client asked for progress.
 ProgressSender = Callable[[float, float | None, str | None], None]
@@ -31,12 +30,18 @@ ProgressSender = Callable[[float, float | None, str | None], None]
 
 class CallContext:
     """What the server knows of a call beyond its arguments: its _meta, its
-    cancel switch, and its progress sender when the client asked for one."""
+    cancel switch, its progress sender when the client asked for one, and
+    what the call leaves to do once its answer is out (run by the server then)."""
 
-    __slots__ = ("meta", "cancel", "progress")
+    __slots__ = ("meta", "cancel", "progress", "later")
 
-    def __init__(self, meta: dict[str, object], cancel: Cancel, progress: ProgressSender | None = None) -> None:
-        self.meta, self.cancel, self.progress = meta, cancel, progress
+    def __init__(self, meta: dict[str, object], cancel: Cancel, progress: ProgressSender | None = None,
+                 later: Later | None = None) -> None:
+        if later is None:
+            from ..processes.runner import Later  # loaded by the call's Cancel already
+
+            later = Later()
+        self.meta, self.cancel, self.progress, self.later = meta, cancel, progress, later
 
 
 # Answered ids remembered for their late cancel (opencode sends one about 50 ms
@@ -46,10 +51,6 @@ ANSWERED_KEPT = 1024
 # at once (a burst of calls leaves no crowd of threads behind).
 IDLE = 60.0
 KEPT = 4
-
-
-def is_id(value: object) -> TypeGuard[RequestId]:
-    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 def key_of(request_id: RequestId) -> Key:

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from types import ModuleType
+from typing import TypeGuard
 
 from ..kernel import write_all
 
@@ -272,6 +273,13 @@ def lone_surrogate(value: object, path: str = "") -> str | None:
     return None
 
 
+RequestId = str | int  # as the session accepts them
+
+
+def is_id(value: object) -> TypeGuard[RequestId]:
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
 def error(request_id: object, code: int, message: str, data: object = None) -> dict[str, Any]:
     body: dict[str, object] = {"code": code, "message": message}
     if data is not None:
@@ -281,3 +289,21 @@ def error(request_id: object, code: int, message: str, data: object = None) -> d
 
 def result(request_id: object, value: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "result": value}
+
+
+def lone_surrogate_refused(message: object) -> dict[str, Any] | None:
+    """The answer to a message holding a lone surrogate (a line orjson
+    refused): never run, as no answer, record or log could write the text
+    back; refused by its own id as invalid params, naming where it sits. A
+    notification or a response of the client's is not answered; an id that
+    holds one cannot be written back, and gets id null."""
+    where = lone_surrogate(message) or "the message"
+    where = where.replace("params.arguments.", "the argument ", 1).replace("params.arguments", "the arguments", 1)
+    text = (f"{where} holds a lone surrogate (an escape such as \\ud800 without its pair), which is not text: "
+            "send the text itself, as UTF-8")
+    if isinstance(message, dict) and ("method" not in message or "id" not in message):
+        return None
+    request_id = message.get("id") if isinstance(message, dict) else None
+    if not is_id(request_id) or lone_surrogate(request_id) is not None:
+        return error(None, INVALID_REQUEST, text)
+    return error(request_id, INVALID_PARAMS, text)

@@ -25,9 +25,9 @@ from .. import __version__
 from ..config import parse_serve
 from .protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-    UNSUPPORTED_VERSION, Channel, error, lenient_loads, lone_surrogate, result,
+    UNSUPPORTED_VERSION, Channel, RequestId, error, is_id, lenient_loads, lone_surrogate_refused, result,
 )
-from .calls import Call, CallContext, InFlight, RequestId, Workers, is_id, progress_token
+from .calls import Call, CallContext, InFlight, Workers, progress_token
 from ..calls.setup import up_checks
 from .checks import Checks
 from .offer import Offer
@@ -45,6 +45,8 @@ SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 SERVER_INFO = {"name": "lnk-link-run", "version": __version__}
 # In-flight calls get this long to answer after stdin closes (clients wait 2 s).
 EOF_GRACE = 1.5
+# Calls killed at the end get this long to see it (their workers end at once).
+KILLED_WAIT = 0.5
 # At the end, queued answers go out while the client reads; once nothing moved this long, serve leaves.
 FLUSH_IDLE = 1.0
 KNOWN_METHODS = {"initialize", "ping", "tools/list", "tools/call", "server/discover", "subscriptions/listen"}
@@ -112,6 +114,9 @@ class Session:
         self.checks.forget_waiting()
         self.workers.wait(time.monotonic() + grace)
         self.calls.silence_all()
+        # A call killed between its program's spawn and its watch kills it as
+        # the watch begins: its worker gets that moment before serve exits.
+        self.workers.wait(time.monotonic() + KILLED_WAIT)
         if self._tools is not None:  # without the tool layer, no call ran and no spare was made
             self._tools.close()
         self.channel.flush(FLUSH_IDLE)
@@ -122,7 +127,7 @@ class Session:
             message = self.channel.loads(line)
         except ValueError as problem:
             try:
-                refused = _lone_surrogate_refused(lenient_loads(line, problem))
+                refused = lone_surrogate_refused(lenient_loads(line, problem))
             except ValueError:
                 refused = error(None, PARSE_ERROR, f"the line is not JSON ({problem}); send one JSON-RPC message a line")
             if refused is not None:
@@ -313,24 +318,31 @@ class Session:
         if not self.calls.add(call):
             return error(request_id, INVALID_REQUEST, f"request id {request_id!r} is already in flight; use a new id")
 
+        context = CallContext(meta, call.cancel)
+
         def work() -> dict[str, Any] | None:
             response = None
             try:
-                progress = call.progress_sender(self.channel, version) if call.progress_token is not None else None
-                outcome = self.checks.refusal(name) or self._run_tool(name, arguments,
-                                                                      CallContext(meta, call.cancel, progress))
+                if call.progress_token is not None:
+                    context.progress = call.progress_sender(self.channel, version)
+                outcome = self.checks.refusal(name) or self._run_tool(name, arguments, context)
                 response = self._answer_call(call, outcome, version, modern)
                 return response
             finally:
                 self.calls.forget(call, answered=response is not None)
+                if inline:
+                    context.later.run()  # a batch's answers go out together, after all its calls
 
         if inline:
             return work()
 
         def answer() -> None:
-            response = work()
-            if response is not None:
-                self.channel.send(response)
+            try:
+                response = work()
+                if response is not None:
+                    self.channel.send(response)
+            finally:
+                context.later.run()  # what the call left to do: its answer is out
 
         self.workers.run(answer)
         return None
@@ -367,24 +379,6 @@ class Session:
         if outcome is None or not call.may_answer():
             return None
         return result(call.id, self._complete(outcome.answer(version), modern))
-
-
-def _lone_surrogate_refused(message: object) -> dict[str, Any] | None:
-    """The answer to a message holding a lone surrogate (a line orjson
-    refused): never run, as no answer, record or log could write the text
-    back; refused by its own id as invalid params, naming where it sits. A
-    notification or a response of the client's is not answered; an id that
-    holds one cannot be written back, and gets id null."""
-    where = lone_surrogate(message) or "the message"
-    where = where.replace("params.arguments.", "the argument ", 1).replace("params.arguments", "the arguments", 1)
-    text = (f"{where} holds a lone surrogate (an escape such as \\ud800 without its pair), which is not text: "
-            "send the text itself, as UTF-8")
-    if isinstance(message, dict) and ("method" not in message or "id" not in message):
-        return None
-    request_id = message.get("id") if isinstance(message, dict) else None
-    if not is_id(request_id) or lone_surrogate(request_id) is not None:
-        return error(None, INVALID_REQUEST, text)
-    return error(request_id, INVALID_PARAMS, text)
 
 
 class _BadParams(Exception):

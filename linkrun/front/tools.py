@@ -227,7 +227,8 @@ class Tools:
             def report(seconds: float, total: int) -> None:  # seconds: they rise, the bytes need not
                 progress(seconds, None, f"{total} bytes of output so far")
         keeping = self.kept.begin(context.meta) if self.kept is not None else None
-        outcome = self.caller.run(request, context.cancel, report, keeping.keepers if keeping is not None else None)
+        outcome = self.caller.run(request, context.cancel, report, keeping.keepers if keeping is not None else None,
+                                  context.later)
         kept = self.kept.settle_call(keeping, outcome, arguments) if self.kept and keeping else None
         if outcome.cancelled:
             return None

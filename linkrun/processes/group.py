@@ -6,8 +6,10 @@ CLOCK_BOOTTIME, looked at at least every SLICE. The leader's exit is read
 without reaping it, so the group id stays ours while what the leader left in
 its group is killed: at once, or after a grace while it still holds the
 pipes; the pipes are then drained until a bound, for something outside the
-group may hold them forever. A stop is staged: the side's own stages, each
-with its grace (a call has none), then SIGKILL to the group.
+group may hold them forever. A sandbox's pipes are read as they are at the
+exit, and no longer: its init holds them until it is torn down. A stop is
+staged: the side's own stages, each with its grace (a call has none), then
+SIGKILL to the group.
 """
 
 from __future__ import annotations
@@ -259,11 +261,28 @@ class Watch:
         self.exit, self.signal = exit_status(self._pidfd)
         self.exited_at = boottime()
         self._stage_at = None
+        if self.leader.sandbox_init is not None:
+            # All the program wrote is in the pipes now. bwrap's init holds them
+            # (its stdio) until its namespaces are torn down, up to a millisecond
+            # later, and what the program left dies with it: read what is there.
+            self._read_what_is_there()
         self.leader.end_sandbox()  # the sandbox goes with its outer process
         if self.leftover_grace <= 0:
             # What the program left dies with the sandbox's pid namespace;
             # without one (a pass-through sandbox), with its group, now.
             self.leader.kill()
+
+    def _read_what_is_there(self) -> None:
+        """Each pipe read until it has nothing now (at most twice its size: a
+        leftover writing still is killed with the sandbox), then forgotten."""
+        for fd, sink in list(self._streams.items()):
+            moved = 0
+            while moved < 2 * PIPE_SIZE and select.select([fd], [], [], 0)[0]:
+                read = sink(fd)
+                if not read:
+                    break
+                moved += read
+            self.forget(fd)
 
     def _say(self, text: str) -> None:
         if self.log is not None:

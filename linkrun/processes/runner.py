@@ -12,6 +12,7 @@ still holds the output pipes.
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import subprocess
@@ -21,6 +22,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import IO
 
+from .. import logger
 from ..sandboxing import beneath
 from .capture import Capture, CaptureReader
 from .child import boottime, kill_group
@@ -73,6 +75,27 @@ class Outcome:
     def __repr__(self) -> str:
         how = f"exit {self.exit}" if self.signal is None else f"signal {self.signal}"
         return f"<Outcome {how} {self.seconds:.3f}s out={self.output.total} err={self.errors.total}{' timed out' if self.timed_out else ''}>"
+
+
+class Later:
+    """What a call leaves to do once its answer is out: its spare's launch
+    closed, its cgroup handed back, the spares made up again. Whoever sends
+    the answer runs it then (`run`), so the answer waits for none of it."""
+
+    def __init__(self) -> None:
+        self._jobs: list[Callable[[], None]] = []
+
+    def add(self, job: Callable[[], None]) -> None:
+        self._jobs.append(job)
+
+    def run(self) -> None:
+        """Each job added so far, once; one that fails is said, and the rest run."""
+        jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            try:
+                job()
+            except Exception as problem:  # a bug of ours: the answer is out, the other jobs still run
+                logger.error(f"after a call's answer: {problem!r}")
 
 
 @dataclass
@@ -142,13 +165,14 @@ class Runner:
         else:
             group.remove(wait=1.0)
 
-    def run(self, request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int,
+    def run(self, request: Request, launch: Launch, cwd_fd: int, cancel: Cancel, output_limit: int, later: Later,
             progress: Callable[[float, int], None] | None = None, spare: Spare | None = None,
             keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
         """Run the launch (the sandbox and the program) in `cwd_fd`, and capture it;
         or, given a spare handed the call's script (spare.py), the program in the spare.
         With `keepers` (output's, errors'), each stream is also kept whole
-        (keeper.py); the caller finishes them once this returns.
+        (keeper.py); the caller finishes them once this returns. The call's
+        cgroup is handed back `later`, its limit read first.
 
         `progress(seconds_so_far, bytes_so_far)` is called at most every
         PROGRESS_EVERY seconds while output grows, and every PROGRESS_PACE
@@ -170,7 +194,7 @@ class Runner:
             return outcome
         finally:
             if group is not None:
-                self._group_ended(group)
+                later.add(functools.partial(self._group_ended, group))
 
     def _spawn(self, launch: Launch, cwd: str, stdin: int) -> tuple[Leader, Group | None]:
         """The launch spawned, its group taken, its init held (`Launch.started`)."""

@@ -463,3 +463,28 @@ def test_a_spare_is_made_again_at_once_only_when_a_call_took_the_last(monkeypatc
     wait_for(lambda: len(made) == 3, timeout=10, what="the next, made at once once the last was taken")
     spares.done(True)
     spares.close()
+
+
+def test_while_a_call_runs_one_maker_fewer_makes_spares(stand_in: StandIn) -> None:
+    # The pool alone, two makers: with a call in flight one spare is made at a
+    # time (the call's program needs a core too), with none both at once.
+    making: list[threading.Event] = []
+    lock = threading.Lock()
+
+    def start(launch, key):
+        go = threading.Event()
+        with lock:
+            making.append(go)
+        go.wait(10)
+        return stand_in.spare(key)
+
+    spares = spare_module.Spares(stand_in.prepare, start, lambda spare: None, ahead=2, makers=2)
+    assert spares.take("shown", use=False) is None  # a call in flight, making its own sandbox
+    spares.make()
+    wait_for(lambda: len(making) == 1, what="one spare in its making")
+    assert len(spares._making) == 1  # decided at once, under the pool's lock: no second one is on its way
+    spares.done(True)  # the call ended: the second maker too
+    wait_for(lambda: len(making) == 2, what="a second spare made beside the first")
+    for go in making:
+        go.set()
+    spares.close()

@@ -21,7 +21,7 @@ from .protocol import Channel, RequestId
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..processes.runner import Cancel, Later
+    from ..processes.runner import Cancel
 
 Key = tuple[str, RequestId]
 # progress(progress, total, message): what a call's context holds when its client asked for progress.
@@ -35,13 +35,10 @@ class CallContext:
 
     __slots__ = ("meta", "cancel", "progress", "later")
 
-    def __init__(self, meta: dict[str, object], cancel: Cancel, progress: ProgressSender | None = None,
-                 later: Later | None = None) -> None:
-        if later is None:
-            from ..processes.runner import Later  # loaded by the call's Cancel already
+    def __init__(self, meta: dict[str, object], cancel: Cancel, progress: ProgressSender | None = None) -> None:
+        from ..processes.runner import Later  # loaded by the call's Cancel already
 
-            later = Later()
-        self.meta, self.cancel, self.progress, self.later = meta, cancel, progress, later
+        self.meta, self.cancel, self.progress, self.later = meta, cancel, progress, Later()
 
 
 # Answered ids remembered for their late cancel (opencode sends one about 50 ms

@@ -259,10 +259,14 @@ class Spares:
         self.make()
 
     def make(self) -> None:
-        """Make spares, as many at once as there are makers, until enough are there or on their way."""
+        """Make spares, as many at once as there are makers less one for each
+        call in flight (at least one), until enough are there or on their way."""
         while True:
             with self._lock:
-                if (self._closed or self._off or len(self._making) >= self._makers
+                # A call's program needs a core too: two makings beside a call
+                # on two cores held calls back to back at their p99.
+                at_once = max(1, self._makers - self._in_flight)
+                if (self._closed or self._off or len(self._making) >= at_once
                         or len(self._ready) + len(self._making) >= self._wanted
                         or time.monotonic() < self._quiet_until):
                     return  # after a quiet while, a maker asks again

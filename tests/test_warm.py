@@ -211,8 +211,9 @@ def test_the_supervisor_ahead_runs_the_start_it_was_handed_in_the_gate_it_forked
     ready_warm_server(server, state)
     ahead, gate = ahead_and_gate(server, state)
     wait_for(lambda: os.getpgid(gate) == gate, what="its gate in a process group of its own")  # set just after the fork
-    held = held_by(gate)
-    assert len(held) == 4 and held[:2] == ["/dev/null"] * 2 and held[3].startswith("socket:")  # and the server's stderr
+    # It closes what it inherited just after: its socket, /dev/null and the server's stderr are left.
+    held = wait_for(lambda: fds if len(fds := held_by(gate)) == 4 else None, what="the gate holding four descriptors")
+    assert held[:2] == ["/dev/null"] * 2 and held[3].startswith("socket:")
     assert not [path for path in held if str(state) in path or str(files) in path]  # nothing of any command yet
     command_id = start(server, program="sleep", args=["100"])
     running = wait_running(state, command_id)

@@ -4,8 +4,8 @@ Setting up a sandbox (its namespaces, a mount per bind, its filter) is
 most of what a short call costs. So serve keeps sandboxes made ahead (AHEAD
 of them; after calls at once, as many as ran at once, for a while:
 `Spares`), made from its start and again as calls take them, by MAKERS
-threads at once: bwrap runs LOADER, a small `sh` that
-waits on its standard input for the call's program. The call writes a
+threads, one fewer at once for each call running: bwrap runs LOADER, a
+small `sh` that waits on its standard input for the call's program. The call writes a
 script there (`script`): into the call's folder, the shell's own variables
 dropped, `exec` of the program; and reads the loader's ACK before the
 program's output (`Spare.hand_over`), so a spare killed from outside before
@@ -154,7 +154,8 @@ def _kill_pending(pid: int) -> bool:
 
 
 class Spares:
-    """The spares, made `makers` at a time by threads that live as long as serve.
+    """The spares, made by `makers` threads that live as long as serve, one
+    fewer at once for each call in flight (at least one).
 
     `ahead` are kept; after calls at once, as many as ran at once (at most
     MOST), until LINGER seconds pass without so many, so that the next such

@@ -103,6 +103,7 @@ def test_at_the_leaders_exit_the_output_is_read_without_waiting_for_the_sandbox_
     # ends at the exit, not at the pipe's end (which came 60 s later before).
     read_end, write_end = os.pipe()
     got = bytearray()
+    running: threading.Thread | None = None
 
     def sink(fd: int) -> int:
         data = os.read(fd, 1 << 20)
@@ -126,5 +127,6 @@ def test_at_the_leaders_exit_the_output_is_read_without_waiting_for_the_sandbox_
         process.wait()
     finally:
         os.close(write_end)
-        running.join()
+        if running is not None:
+            running.join()
         os.close(read_end)

@@ -1,5 +1,5 @@
 """What `os` lacks for speaking to the kernel: a small kernel file read in
-one call, a buffer written whole, and the libc functions `os` has no wrapper for (`tee`,
+one call or held for reading again, a buffer written whole, and the libc functions `os` has no wrapper for (`tee`,
 `renameat2`, inotify's, `keyctl` through `syscall`), through ctypes, loaded at the first use, so a
 process that needs none never loads it. Stdlib only."""
 
@@ -41,12 +41,49 @@ def read_small(path: str, limit: int = 1 << 16) -> bytes | None:
         os.close(fd)
 
 
+class HeldFiles:
+    """Kernel files read again and again (a kept cgroup's counters): each
+    opened at its first read and read again at 0, where the kernel writes it
+    afresh, one syscall a look rather than three. A missing one is not looked
+    for again. `close` lets go of them all."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}  # -1: missing
+
+    def read(self, path: str, limit: int = 1 << 16) -> str:
+        """Its text; empty when it cannot be read."""
+        fd = self._fds.get(path)
+        try:
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return os.pread(fd, limit, 0).decode() if fd >= 0 else ""
+        except FileNotFoundError:
+            self._fds[path] = -1
+            return ""
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        while self._fds:
+            if (fd := self._fds.popitem()[1]) >= 0:
+                os.close(fd)
+
+
 @functools.cache
 def libc() -> ctypes.CDLL:
     """The C library, its functions keeping `errno` for `last_errno`."""
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True)
+
+
+def inotify(function: str, *args: int | bytes) -> int:
+    """Call one of libc's inotify functions (`inotify_init1`, `inotify_add_watch`); OSError when it fails."""
+    result: int = getattr(libc(), function)(*args)
+    if result < 0:
+        number = last_errno()
+        raise OSError(number, os.strerror(number))
+    return result
 
 
 def last_errno() -> int:

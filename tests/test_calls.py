@@ -6,6 +6,7 @@ is left for later once it is answered."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from conftest import SERVER, require_sandbox, wait_for
 from sandbox_helpers import Agent
 
 from linkrun.front.calls import Workers
+from linkrun.front.protocol import Channel
+from linkrun.processes.runner import LEFTOVER_GRACE
 
 
 def workers_alive() -> list[threading.Thread]:
@@ -71,6 +74,50 @@ def test_a_failing_call_leaves_its_worker_serving() -> None:
     wait_for(lambda: not workers_alive(), timeout=10, what="the idle workers to end")
 
 
+def test_a_call_runs_on_the_thread_that_read_it_while_another_thread_reads_on() -> None:
+    # What `handle` leaves for the reading thread runs there, once the reading
+    # went to a worker: the call's request and its program meet no thread's
+    # wake between them, and the next line (a cancel, say) is still read while it runs.
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    channel = Channel(stdin_r, stdout_w)
+    workers = Workers(idle=5.0)
+    threads: dict[str, int] = {}
+    next_handled, call_done = threading.Event(), threading.Event()
+
+    def handle(line: bytes | None) -> None:
+        if line == b"call":
+            read_by = threading.get_ident()
+
+            def call() -> None:
+                threads["read"], threads["ran"] = read_by, threading.get_ident()
+                next_handled.wait(10)  # the next line is handled while this call runs
+                call_done.set()
+
+            assert channel.leave_for_reader(call)
+        else:
+            threads["next"] = threading.get_ident()
+            next_handled.set()
+
+    assert not channel.leave_for_reader(lambda: None)  # this thread reads no line
+    serving = threading.Thread(target=channel.serve_lines, args=(handle, workers.start))
+    serving.start()
+    try:
+        os.write(stdin_w, b"call\nnext\n")
+        assert call_done.wait(10), "the call never ran, or the next line was not read while it ran"
+        assert threads["ran"] == threads["read"] != threads["next"], threads
+    finally:
+        os.close(stdin_w)
+        serving.join(10)
+        channel.close()
+        for fd in (stdin_r, stdout_r, stdout_w, channel._out):  # its own copy of stdout: serve's lives as long as it
+            os.close(fd)
+    workers.idle_for = 0.0  # let the idle ones end now, for the leak check
+    for _ in range(2):
+        workers.run(lambda: None)
+    wait_for(lambda: not workers_alive(), timeout=10, what="the idle workers to end")
+
+
 def children(pid: int) -> list[int]:
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -96,15 +143,20 @@ def zombies_below(pid: int) -> list[str]:
     return found
 
 
-def test_a_sandboxed_call_is_reaped_before_its_answer(tmp_path, servers) -> None:
+def test_a_sandboxed_call_is_reaped_as_its_answer_goes_out(tmp_path, servers) -> None:
     # The sandbox's init dies with bwrap's outer process, and all the sandbox
-    # with it: nothing is left to wait a grace for, so the call is reaped at once.
+    # with it: nothing is left to wait a grace for, so the call is reaped at
+    # once, by the thread that sent its answer (runner.Later), well before
+    # the grace a leftover gets (LEFTOVER_GRACE).
     require_sandbox()
     box = Agent(tmp_path)
     server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
     server.initialize()
     for _ in range(3):
+        answered = time.monotonic()
         result = server.call("command", {"program": "sh", "args": ["-c", "echo hi; sleep 30 &"]})
         assert result["structuredContent"]["output"] == "hi", result
-        assert zombies_below(server.process.pid) == []
+        wait_for(lambda: zombies_below(server.process.pid) == [], timeout=LEFTOVER_GRACE / 2,
+                 what="the call's processes reaped")
+        assert time.monotonic() - answered < LEFTOVER_GRACE
     assert server.close() == 0

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from conftest import SERVER, pid_alive, serve_argv, text_of, wait_for
+from conftest import PASS_THROUGH, SERVER, pid_alive, serve_argv, text_of, wait_for
 
 
 def run(server, **arguments):
@@ -237,6 +238,40 @@ def test_a_name_not_on_the_programs_path_is_not_found_even_when_allowed(servers,
     server2 = servers(serve_argv(files, programs=(str(tool),)))
     server2.initialize()
     assert "mine" in text_of(run(server2, program=str(tool)))
+
+
+def test_a_program_is_found_where_the_path_finds_it_now_as_its_folders_change(servers, files, tmp_path):
+    # serve keeps where each bare name was found while a watch of the path's
+    # folders hears nothing (programs._Lookups): every change below must show
+    # in the very next call, a folder made after serve started included.
+    first, second = tmp_path / "first", tmp_path / "second"  # first: missing at serve's start
+    second.mkdir()
+    server = servers(SERVER + ["serve", "--files", str(files), "--programs-path", f"{first}:{second}",
+                               "--timeout", "2m", "--output", "16K", "--program", "mytool", "--"] + list(PASS_THROUGH))
+    server.initialize()
+
+    def tool(folder: Path, mode: int = 0o755) -> Path:
+        path = folder / "mytool"
+        path.write_text(f"#!/bin/sh\necho {folder.name}\n")
+        path.chmod(mode)
+        return path
+
+    def ran() -> str:
+        result = run(server, program="mytool")
+        return "not found" if result.get("isError") else result["structuredContent"]["output"]
+
+    assert ran() == "not found"
+    tool(second)
+    assert ran() == "second"
+    first.mkdir()
+    shadowing = tool(first)
+    assert ran() == "first"  # the earlier folder, made since, wins as in a shell
+    shadowing.chmod(0o644)
+    assert ran() == "second"
+    (second / "mytool").unlink()
+    assert ran() == "not found"
+    shadowing.chmod(0o755)
+    assert ran() == "first"
 
 
 def test_star_allows_any_program_on_the_path(servers, files):

@@ -478,3 +478,27 @@ def test_the_instructions_say_the_limits_and_serve_names_each_limit_the_machine_
                                                          "the per-call cpu"]
     assert all(f"(no delegation): run {invocation.typed('doctor')} for the fix" in w for w in warnings)
     assert caller.limit_warnings(held, everywhere) == []
+
+
+def test_a_held_kernel_file_is_read_afresh_at_each_look_and_let_go_at_the_end(tmp_path) -> None:
+    # A kept group's counters are read after each call through a descriptor
+    # held from the first read (kernel.HeldFiles): each read must be the file
+    # as it is now, not as it was when it was opened.
+    from linkrun.kernel import HeldFiles
+
+    child = subprocess.Popen(["sleep", "60"])
+    held = HeldFiles()
+    try:
+        status = f"/proc/{child.pid}/status"
+        wait_for(lambda: "State:\tS" in held.read(status), what="the child asleep")
+        child.send_signal(signal.SIGSTOP)
+        wait_for(lambda: "State:\tT" in held.read(status), what="the child seen stopped through the held file")
+        assert held.read(str(tmp_path / "missing")) == ""
+        (tmp_path / "missing").write_text("made since")
+        assert held.read(str(tmp_path / "missing")) == ""  # a file missing at the first look is not looked for again
+    finally:
+        child.kill()
+        child.wait()
+        held.close()
+    assert held.read(f"/proc/{os.getpid()}/status").startswith("Name:")  # a new look after close opens again
+    held.close()

@@ -220,7 +220,7 @@ class StandIn:
     of this process, never readable while the test runs: a spare that runs."""
 
     def __init__(self, pidfd: int) -> None:
-        process = type("Process", (), {"pid": os.getpid()})()
+        process = type("Process", (), {"pid": None})()  # no status of its own to hold (Spare.statuses)
         self.leader = type("Running", (), {"pidfd": pidfd, "sandbox_init": None, "process": process})()
 
     def prepare(self) -> tuple[object, str]:
@@ -309,6 +309,27 @@ def test_the_loader_hands_the_program_the_environment_it_was_given_under_dash_an
             done = subprocess.run([shell, "-c", spare_module.LOADER], input=data, env={"KEPT": "1"}, cwd="/",
                                   capture_output=True, check=True)
             assert done.stdout == spare_module.ACK + b"KEPT=1\n", (shell, folder, done.stdout)  # its word, the program's
+
+
+def test_a_script_cut_short_runs_nothing_under_dash_and_bash_with_or_without_dev_stdin() -> None:
+    # A call without input hands the loader its script as the rest of the pipe
+    # (`.` reads it at once): one `{ }` group, which the shell parses whole
+    # before it runs any of it, so a script cut short (serve killed as it
+    # wrote) runs none of its program, however short. Where /dev/stdin is
+    # missing the loader reads the lines itself, with the same result.
+    shells = [shell for shell in ("/bin/dash", "/bin/bash", "/bin/sh") if os.path.exists(shell)]
+    data = spare_module.script(["/bin/echo", "RAN"], "tmp", "/", has_input=False)
+    assert data is not None and data.startswith(b"0\n")
+    for wrapper in ([], ["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/dev", "--"]):
+        if wrapper:
+            require_sandbox()
+        for shell in shells:
+            whole = subprocess.run([*wrapper, shell, "-c", spare_module.LOADER], input=data, capture_output=True)
+            assert whole.stdout == spare_module.ACK + b"RAN\n", (wrapper, shell, whole)
+            for cut in range(len(b"0\n"), len(data) - 1):
+                done = subprocess.run([*wrapper, shell, "-c", spare_module.LOADER], input=data[:cut],
+                                      capture_output=True)
+                assert b"RAN" not in done.stdout and done.returncode != 0, (wrapper, shell, cut, done)
 
 
 def test_calls_at_once_do_not_queue_behind_a_spare_being_made(stand_in: StandIn) -> None:

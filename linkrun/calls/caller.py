@@ -50,6 +50,7 @@ class Caller:
     def __init__(self, settings: Serve, setup: CallSetup) -> None:
         self.settings = settings
         self.sandbox = setup.sandbox
+        self.programs = setup.programs
         self._files_fd: int | None = None
         self._etc_watch_asked = threading.Lock()  # the first launch starts the watch, the others wait
         self._etc_watch_started = False
@@ -86,7 +87,7 @@ class Caller:
     def close(self) -> None:
         """At serve's end, once its calls answered or were killed: the spares
         ended, the leftovers killed, the cgroups removed, the proxy let go
-        (it is the agent's, and runs on), the /etc watch stopped. The files
+        (it is the agent's, and runs on), the /etc and programs watches stopped. The files
         folder's descriptor stays open until the process ends: a call killed
         late may still open beneath it, and its number, closed and reused by
         another open, would put that call's folder beneath another folder."""
@@ -102,6 +103,7 @@ class Caller:
             watch, self.sandbox.etc_watch = self.sandbox.etc_watch, None
         if watch is not None:
             watch.close()
+        self.programs.close()
 
     # -- a call ------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class Caller:
                                               progress, spare, keepers)
                 finally:
                     if spare is not None:
-                        later.add(spare.launch.close)
+                        later.add(spare.close)
                 no_internet = no_internet or launch.no_internet
         finally:
             os.close(folder_fd)
@@ -207,7 +209,8 @@ class Caller:
         """At the first launch (not at start: initialize never waits for it),
         the watch of the host's /etc that lets a launch skip its look when
         nothing changed (etcwatch.py), for a real sandbox that binds the
-        agent's view. It runs until serve's end (`close`)."""
+        agent's view; then the programs path's (programs.py). They run until
+        serve's end (`close`)."""
         with self._etc_watch_asked:
             if self._etc_watch_started:
                 return
@@ -218,6 +221,10 @@ class Caller:
                 from ..sandboxing.etcwatch import EtcWatch
 
                 self.sandbox.etc_watch = EtcWatch.start(source_of(self.sandbox.fixed[at + 1]))
+            # After /etc's, which keeps what the sandbox shows current: this
+            # one only saves each call its program's lookup, with what
+            # inotify watches are left.
+            self.programs.watch()
 
     def _proxy_ready(self) -> str | None:
         """Start the agent's proxy if none runs; None, or why the call has no internet."""

@@ -156,7 +156,11 @@ class InFlight:
 
 
 class Workers:
-    """Threads that run jobs, each kept for the next one once its job is done."""
+    """Threads that run jobs, each kept for the next one once its job is done.
+
+    A job given with `run` is counted until it is done (`wait` waits for
+    it); `count` counts one that some thread runs itself, and `start` gives a
+    thread a job that is not counted (the reading of stdin, passed on)."""
 
     def __init__(self, idle: float = IDLE, kept: int = KEPT) -> None:
         self.idle_for = idle  # how long a worker waits for a job before it ends
@@ -168,8 +172,26 @@ class Workers:
 
     def run(self, job: Callable[[], object]) -> None:
         """Run `job` on an idle worker, or on a new one when none is idle."""
+        self.start(self.count(job))
+
+    def count(self, job: Callable[[], object]) -> Callable[[], None]:
+        """`job` counted as given from now: what this returns runs it, then counts it done."""
         with self._lock:
             self._busy += 1
+
+        def counted() -> None:
+            try:
+                job()
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._lock.notify_all()
+
+        return counted
+
+    def start(self, job: Callable[[], object]) -> None:
+        """`job` on an idle worker, or on a new one when none is idle; not counted."""
+        with self._lock:
             new = self._idle == 0
             if not new:
                 self._idle -= 1
@@ -196,14 +218,12 @@ class Workers:
                 job()
             except BaseException as problem:  # a bug of ours: said, and the worker serves on
                 logger.error(f"internal error in a call: {problem!r}")
-            if not self._finished():
+            if not self._rest():
                 return
 
-    def _finished(self) -> bool:
+    def _rest(self) -> bool:
         """A job is done: True when its worker waits for the next one."""
         with self._lock:
-            self._busy -= 1
-            self._lock.notify_all()
             if self._idle >= self.kept:
                 return False  # enough wait already
             self._idle += 1

@@ -10,6 +10,7 @@ print or a library warning can never corrupt the stream.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -57,6 +58,10 @@ class Channel:
         self._arrived = threading.Condition(threading.RLock())  # re-entrant: see interrupt
         self._eof = False  # stdin ended (or its thread stopped)
         self._handling = threading.Lock()  # held while a line is handled (serve_lines)
+        self._reader: int | None = None  # the thread handling a line, while it does
+        self._left: Callable[[], object] | None = None  # what `handle` left for the thread that read its line
+        self._lines: Iterator[bytes | None] = self._stdin_lines()  # read by one thread at a time
+        self._pass_on: Callable[[Callable[[], None]], None] | None = None  # serve_lines's
         self._stopped = False  # no more lines are handled
         self._ready = threading.Condition()
         self._queue: deque[list[Any]] = deque()  # [line, key] entries, in order
@@ -68,29 +73,53 @@ class Channel:
         self._orjson: ModuleType | None = None  # until then, the standard library (use_orjson)
         threading.Thread(target=self._write_queued, daemon=True, name="stdout").start()
 
-    def serve_lines(self, handle: Callable[[bytes | None], None]) -> None:
+    def serve_lines(self, handle: Callable[[bytes | None], None],
+                    pass_on: Callable[[Callable[[], None]], None] | None = None) -> None:
         """Hand each non-blank line without its line ending (an over-long one
-        as None) to `handle`, in order, on the stdin thread as soon as it is
-        read: no other thread is woken between a request's read and its
-        handling. Returns at stdin's end, once stdout is gone, or when
-        interrupted, with no `handle` running and none to come."""
+        as None) to `handle`, in order, on the thread that read it, as soon as
+        it is read: no other thread is woken between a request's read and its
+        handling. What `handle` leaves for that thread (`leave_for_reader`)
+        runs on it once `pass_on` gave the reading to another: a call starts
+        where its request was read. Returns at stdin's end, once stdout is
+        gone, or when interrupted, with no `handle` running and none to come."""
+        self._pass_on = pass_on
         threading.Thread(target=self._read_and_handle, args=(handle,), daemon=True, name="stdin").start()
         with self._arrived:
             self._arrived.wait_for(lambda: self._eof or self.closed or self.interrupted)
         with self._handling:
             self._stopped = True
 
+    def leave_for_reader(self, job: Callable[[], object]) -> bool:
+        """From `handle`: run `job` on this thread once the reading went on
+        elsewhere; False (nothing is left) when this thread reads no line."""
+        if self._pass_on is None or self._reader != threading.get_ident():
+            return False
+        self._left = job
+        return True
+
     def _read_and_handle(self, handle: Callable[[bytes | None], None]) -> None:
+        ended = True  # False once the reading went to another thread
         try:
-            for line in self._stdin_lines():
+            for line in self._lines:
                 with self._handling:
                     if self._stopped or self.closed:
                         return
-                    handle(line)
+                    self._reader = threading.get_ident()
+                    try:
+                        handle(line)
+                    finally:
+                        self._reader, left, self._left = None, self._left, None
+                if left is not None:
+                    assert self._pass_on is not None  # left only with it
+                    self._pass_on(functools.partial(self._read_and_handle, handle))
+                    ended = False
+                    left()
+                    return
         finally:
-            with self._arrived:
-                self._eof = True
-                self._arrived.notify_all()
+            if ended:
+                with self._arrived:
+                    self._eof = True
+                    self._arrived.notify_all()
 
     def _stdin_lines(self) -> Iterator[bytes | None]:
         while True:

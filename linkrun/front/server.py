@@ -101,7 +101,7 @@ class Session:
 
         previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
-            self.channel.serve_lines(handle)
+            self.channel.serve_lines(handle, self.workers.start)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -344,7 +344,11 @@ class Session:
             finally:
                 context.later.run()  # what the call left to do: its answer is out
 
-        self.workers.run(answer)
+        # Run on the thread that read the request, once another reads on: no
+        # thread is woken between the request and its program.
+        job = self.workers.count(answer)
+        if not self.channel.leave_for_reader(job):
+            self.workers.start(job)
         return None
 
     def _checked_call(self, params: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:

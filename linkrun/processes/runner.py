@@ -184,7 +184,8 @@ class Runner:
         else:
             leader, group = self._spawn(launch, f"/proc/self/fd/{cwd_fd}", subprocess.PIPE if request.input else subprocess.DEVNULL)
         try:
-            outcome = self._watch(request, leader, leader.process, started, cancel, output_limit, progress, launch, keepers)
+            outcome = self._watch(request, leader, leader.process, started, cancel, output_limit, later, progress,
+                                  launch, keepers)
             outcome.limit = group.limit_hit() if group is not None else None
             if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
                 from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
@@ -234,12 +235,12 @@ class Runner:
     def end_spare(self, spare: Spare) -> None:
         """A spare not taken: killed with all it holds, reaped, its group kept or removed."""
         _abandon(spare.leader)
-        spare.launch.close()
+        spare.close()
         if spare.group is not None:
             self._group_ended(spare.group)
 
     def _watch(self, request: Request, leader: Leader, process: subprocess.Popen[bytes], started: float, cancel: Cancel,
-               output_limit: int, progress: Callable[[float, int], None] | None, launch: Launch,
+               output_limit: int, later: Later, progress: Callable[[float, int], None] | None, launch: Launch,
                keepers: tuple[Keeper, Keeper] | None = None) -> Outcome:
         cancel.on_cancel(leader.kill)  # a call's stop is SIGKILL at once, from the cancelling thread
         sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
@@ -269,9 +270,10 @@ class Runner:
                 if pipe is not None:
                     pipe.close()
         seconds = boottime() - started
-        if leader.killed or sandboxed:
-            kill_group(process.pid)  # the unreaped leader keeps the group id ours
-            process.wait()
+        if sandboxed:  # all of it ended with its init: the leader's own group is left, after the answer
+            later.add(functools.partial(_reap, process))
+        elif leader.killed:
+            _reap(process)
         else:
             self._kill_later(process.pid, process)
         return Outcome(watch.exit, watch.signal, watch.ending == "timed out", round(seconds, 3), output, errors,
@@ -301,6 +303,11 @@ class Runner:
             for process in ended:
                 kill_group(process.pid)
                 process.wait()
+
+
+def _reap(process: subprocess.Popen[bytes]) -> None:
+    kill_group(process.pid)  # the unreaped leader keeps the group id ours
+    process.wait()
 
 
 def _abandon(leader: Leader) -> None:

@@ -35,11 +35,10 @@ import select
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import logger
 from ..errors import Refused
-from ..kernel import read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,15 +50,22 @@ if TYPE_CHECKING:
 # which serve reads before the program's), and runs them. `read` takes a
 # pipe a byte at a time, so what follows the script stays for the program;
 # hence what every script does is here (`clean`, called by it after its
-# `cd`: the variables `sh` sets itself dropped), not in the script.
+# `cd`: the variables `sh` sets itself dropped), not in the script. A count
+# of 0 (a call without input, whose pipe serve closes after the script):
+# the script is all the rest, read at once by `.` (through the lines where
+# /dev/stdin is missing), and it is one `{ }` group, which the shell parses
+# whole before it runs any of it: a script cut short runs nothing.
 # bash's exec sets SHLVL again, whatever was unset: env drops it there.
 LOADER = ('clean() { unset PWD OLDPWD SHLVL; e=; [ -z "${BASH_VERSION-}" ] || e="/usr/bin/env -u SHLVL"; }; '
-          'IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; '
-          's="$s$l\n"; n=$((n - 1)); done; printf .; eval "$s"')
+          'IFS= read -r n || exit 125; s=; if [ "$n" = 0 ]; then '
+          '[ -r /dev/stdin ] && { printf .; . /dev/stdin; exit 125; }; '
+          'while IFS= read -r l; do s="$s$l\n"; done; '
+          'else while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; s="$s$l\n"; n=$((n - 1)); done; fi; '
+          'printf .; eval "$s"; exit 125')
 ACK = b"."
 ACK_WAIT = 5.0  # seconds a call waits for a live spare's loader to read its script
 LOADER_TAIL = ("/bin/sh", "-c", LOADER)
-# `read` costs a syscall a byte: a longer script costs more than the set-up it saves.
+# `read` costs a syscall a byte (with input): a longer script costs more than the set-up it saves.
 SCRIPT_LIMIT = 8192
 
 # bwrap's set-up is CPU work (namespaces, mounts, the filter): makers past
@@ -89,7 +95,10 @@ def script(argv: list[str], folder: str, files: str, has_input: bool) -> bytes |
     text = f"cd -- {quote(f'{files}/{folder}')} || exit 125\n" if folder not in ("", ".") else ""
     text += "clean\nexec " + ("" if has_input else "0<>/dev/null ") + "$e "  # /dev/null as subprocess opens it
     text += " ".join(quote(arg) for arg in argv)
-    data = f"{text.count(chr(10)) + 1}\n{text}\n".encode(errors="surrogateescape")
+    if has_input:
+        data = f"{text.count(chr(10)) + 1}\n{text}\n".encode(errors="surrogateescape")
+    else:  # the rest of the pipe, in one group (LOADER)
+        data = f"0\n{{ {text}\n}}\n".encode(errors="surrogateescape")
     return data if len(data) <= SCRIPT_LIMIT else None
 
 
@@ -101,6 +110,21 @@ class Spare:
     launch: Launch  # held until the spare's sandbox ended: its /etc view pinned, bwrap's info pipe read
     leader: Leader
     group: Group | None
+    # /proc/<pid>/status of its bwrap and its init, opened as it is made (off
+    # the call's path): read again at its take, one syscall each (`_running`).
+    statuses: tuple[int | None, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.statuses = tuple(_open_status(pid) for pid in (self.leader.process.pid, self.launch.init_pid)
+                              if pid is not None)
+
+    def close(self) -> None:
+        """Once its sandbox ended: what it holds let go."""
+        statuses, self.statuses = self.statuses, ()
+        for fd in statuses:
+            if fd is not None:
+                os.close(fd)
+        self.launch.close()
 
     def hand_over(self, data: bytes, has_input: bool) -> bool:
         """The script written to the loader; True once the loader said it
@@ -138,16 +162,28 @@ def _running(spare: Spare) -> bool:
     held = [fd for fd in (spare.leader.pidfd, spare.leader.sandbox_init) if fd is not None]
     if spare.leader.pidfd is None or select.select(held, [], [], 0)[0]:
         return False
-    return not any(_kill_pending(pid) for pid in (spare.leader.process.pid, spare.launch.init_pid) if pid is not None)
+    return not any(_kill_pending(fd) for fd in spare.statuses)
 
 
 _SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in /proc's pending masks
 
 
-def _kill_pending(pid: int) -> bool:
-    """SIGKILL is pending for `pid` (for it, or for its process as a whole), or it is gone."""
-    status = read_small(f"/proc/{pid}/status")
-    if status is None:
+def _open_status(pid: int) -> int | None:
+    """/proc/<pid>/status opened, bound to that process (never to another given its pid later); None when it is gone."""
+    try:
+        return os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _kill_pending(status_fd: int | None) -> bool:
+    """SIGKILL is pending for the process whose status `status_fd` reads (for
+    it, or for its process as a whole), or it is gone."""
+    try:
+        status = os.pread(status_fd, 1 << 16, 0) if status_fd is not None else b""  # read afresh at 0
+    except OSError:  # ESRCH: it ended
+        return True
+    if not status:
         return True
     return any(int(line.split()[1], 16) & _SIGKILL_BIT for line in status.splitlines()
                if line.startswith((b"SigPnd:", b"ShdPnd:")))

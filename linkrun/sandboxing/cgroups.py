@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from ..config import CONTROLLERS, Limits
-from ..kernel import read_small
+from ..kernel import HeldFiles, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -207,6 +207,7 @@ class Group:
         self.folders = folders
         self.limits = limits
         self.seen = seen  # its out-of-memory kills and refused forks when its last call ended
+        self._counters = HeldFiles()  # its counters: read after each of its calls
 
     @property
     def procs(self) -> list[str]:
@@ -240,11 +241,11 @@ class Group:
         kills = refused = 0
         for folder in self.folders:
             if self.version == 2:
-                events = _read(os.path.join(folder, "memory.events"))
+                events = self._counters.read(os.path.join(folder, "memory.events"))
                 kills += _counted(events, "oom_kill") + _counted(events, "oom_group_kill")
             else:
-                kills += _counted(_read(os.path.join(folder, "memory.oom_control")), "oom_kill")
-            refused += _counted(_read(os.path.join(folder, "pids.events")), "max")
+                kills += _counted(self._counters.read(os.path.join(folder, "memory.oom_control")), "oom_kill")
+            refused += _counted(self._counters.read(os.path.join(folder, "pids.events")), "max")
         return kills, refused
 
     @contextlib.contextmanager
@@ -311,6 +312,7 @@ class Group:
     def remove(self, wait: float = 5.0) -> bool:
         """Kill what is left, then remove each folder once its members are gone
         (they take a few milliseconds to leave after SIGKILL)."""
+        self._counters.close()
         deadline = time.monotonic() + wait
         left = list(self.folders)
         while True:

@@ -13,7 +13,7 @@ import stat
 import struct
 
 from .. import logger
-from ..kernel import last_errno, libc
+from ..kernel import inotify
 from .etcview import MASKS, SKIPPED, wanted
 
 # inotify(7), called through ctypes: see EtcWatch.
@@ -62,7 +62,7 @@ class EtcWatch:
     def start(cls, etc: str) -> EtcWatch | None:
         """A watch of `etc`, running; None, said on stderr, when inotify cannot cover it."""
         try:
-            fd = _inotify("inotify_init1", os.O_CLOEXEC)
+            fd = inotify("inotify_init1", os.O_CLOEXEC)
         except OSError as problem:
             _say_unwatched(etc, problem, "cannot watch")
             return None
@@ -136,7 +136,7 @@ class EtcWatch:
                     return
                 folder = stat.S_ISDIR(mode)
             # Watching again (moved, or after an overflow) gives the same descriptor.
-            self._paths[_inotify("inotify_add_watch", self._fd, os.fsencode(path), _WATCHED)] = path
+            self._paths[inotify("inotify_add_watch", self._fd, os.fsencode(path), _WATCHED)] = path
             if not folder:
                 return
             with os.scandir(path) as listing:  # the types of its entries without a stat each: most are links
@@ -148,15 +148,6 @@ class EtcWatch:
             raise
         for name, is_folder in held:
             self._watch(f"{rel}/{name}" if rel else name, is_folder)
-
-
-def _inotify(function: str, *args: int | bytes) -> int:
-    """Call one of libc's inotify functions; OSError when it fails."""
-    result: int = getattr(libc(), function)(*args)
-    if result < 0:
-        number = last_errno()
-        raise OSError(number, os.strerror(number))
-    return result
 
 
 def _events(data: bytes) -> list[tuple[int, int, str]]:

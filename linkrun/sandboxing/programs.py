@@ -1,9 +1,15 @@
-"""Which programs a call may run, and where each one is on the host."""
+"""Which programs a call may run, and where each one is on the host.
+
+Where a bare name is found is kept (`_Lookups`) while inotify says that
+no folder of the programs path changed: a call then looks its program up
+with one read, not a `stat` of each folder in turn.
+"""
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 
 from ..errors import Refused
 from .sandboxkey import BINDS_BY_PATH
@@ -18,11 +24,13 @@ class Programs:
         self.names = tuple(p for p in allowed if p != "*" and not p.startswith("/"))
         self.paths = tuple(p for p in allowed if p.startswith("/"))
         self.search_path = search_path
+        self._lookups = _Lookups(_folders(search_path))
         self.bound = bound_folders(sandbox)
 
     def offered(self) -> list[str]:
-        """What this machine has of the allowlist, for the instructions."""
-        found = [name for name in self.names if self._which(name)]
+        """What this machine has of the allowlist, for the instructions (no
+        watch started: initialize never waits for it)."""
+        found = [name for name in self.names if _found(name, self._lookups.folders)]
         found += [path for path in self.paths if _executable(path)]
         return found
 
@@ -70,7 +78,91 @@ class Programs:
         return "allowed: " + ", ".join(offered)
 
     def _which(self, name: str) -> str | None:
-        return which(name, self.search_path)
+        return self._lookups.find(name)
+
+    def watch(self) -> None:
+        """From now on, keep where each name was found while its folders' watch hears nothing."""
+        self._lookups.start()
+
+    def close(self) -> None:
+        """At serve's end: the watch of the folders let go."""
+        self._lookups.close()
+
+
+# inotify(7): what changes where a bare name is found (an entry made, removed,
+# renamed, its mode changed; the folder itself gone).
+_IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x4, 0x40, 0x80, 0x100, 0x200
+_IN_DELETE_SELF, _IN_MOVE_SELF, _IN_NONBLOCK = 0x400, 0x800, os.O_NONBLOCK
+_CHANGES = _IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF | _IN_MOVE_SELF
+
+
+class _Lookups:
+    """Bare names → where each was found (None: nowhere), kept once `start`ed
+    while a watch of the folders heard nothing; at the first change heard
+    all are looked up afresh, under a new watch of the folders as they are
+    then. A folder missing is watched through its parent, for its making.
+    Before `start`, and where no watch can be had (the inotify limits, a
+    folder whose parent is missing too), each look is made afresh, as
+    `which` does. What the watch cannot hear: a link in a folder whose
+    target elsewhere changed (the call then fails as its program would anywhere)."""
+
+    def __init__(self, folders: tuple[str, ...]) -> None:
+        self.folders = folders
+        self._found: dict[str, str | None] = {}
+        self._watch = -1  # its inotify descriptor; -1: none
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._watch < 0:
+                self._watch = _watch(self.folders)
+
+    def find(self, name: str) -> str | None:
+        with self._lock:
+            if not self._unchanged():
+                self._found.clear()
+            if name in self._found:
+                return self._found[name]
+            path = _found(name, self.folders)
+            if self._watch >= 0:
+                self._found[name] = path
+            return path
+
+    def close(self) -> None:
+        with self._lock:
+            if self._watch >= 0:
+                os.close(self._watch)
+            self._watch, self._found = -1, {}  # looked up afresh from now on
+
+    def _unchanged(self) -> bool:
+        """Nothing heard since the last look (a watch there, and silent)."""
+        if self._watch < 0:
+            return False
+        try:
+            os.read(self._watch, 1 << 16)
+        except BlockingIOError:
+            return True
+        os.close(self._watch)  # a change: watched anew, as the folders are now
+        self._watch = _watch(self.folders)
+        return False
+
+
+def _watch(folders: tuple[str, ...]) -> int:
+    """An inotify descriptor watching `folders` (a missing one through its parent); -1 when none can be had."""
+    from ..kernel import inotify  # ctypes: loaded by the first spawn's keyring already
+
+    try:
+        fd = inotify("inotify_init1", _IN_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        for folder in folders:
+            watched = folder if os.path.isdir(folder) else os.path.dirname(folder.rstrip("/"))
+            inotify("inotify_add_watch", fd, os.fsencode(watched), _CHANGES)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
 
 
 def which(name: str, search_path: str) -> str | None:
@@ -79,11 +171,17 @@ def which(name: str, search_path: str) -> str | None:
     Not shutil.which: importing shutil (and the archive modules it loads)
     costs serve's start more than this whole module.
     """
-    for folder in search_path.split(os.pathsep):
-        if folder:
-            path = os.path.join(os.path.abspath(folder), name)
-            if _executable(path):
-                return path
+    return _found(name, _folders(search_path))
+
+
+def _folders(search_path: str) -> tuple[str, ...]:
+    return tuple(os.path.join(os.path.abspath(folder), "") for folder in search_path.split(os.pathsep) if folder)
+
+
+def _found(name: str, folders: tuple[str, ...]) -> str | None:
+    for folder in folders:
+        if _executable(folder + name):
+            return folder + name
     return None
 
 

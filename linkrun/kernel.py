@@ -42,7 +42,7 @@ def read_small(path: str, limit: int = 1 << 16) -> bytes | None:
 
 
 class HeldFiles:
-    """Kernel files read again and again (a kept cgroup's counters): each
+    """Kernel files read again and again (a kept cgroup's counters, a spare's status): each
     opened at its first read and read again at 0, where the kernel writes it
     afresh, one syscall a look rather than three. A missing one is not looked
     for again. `close` lets go of them all."""
@@ -75,6 +75,12 @@ def libc() -> ctypes.CDLL:
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True)
+
+
+# inotify(7)'s event bits, for `inotify` (the /etc view's watch, the programs path's).
+IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
+IN_Q_OVERFLOW, IN_IGNORED, IN_DONT_FOLLOW = 0x4000, 0x8000, 0x2000000
 
 
 def inotify(function: str, *args: int | bytes) -> int:

@@ -153,10 +153,10 @@ def test_a_sandboxed_call_is_reaped_as_its_answer_goes_out(tmp_path, servers) ->
     server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
     server.initialize()
     for _ in range(3):
-        answered = time.monotonic()
+        asked = time.monotonic()
         result = server.call("command", {"program": "sh", "args": ["-c", "echo hi; sleep 30 &"]})
         assert result["structuredContent"]["output"] == "hi", result
         wait_for(lambda: zombies_below(server.process.pid) == [], timeout=LEFTOVER_GRACE / 2,
                  what="the call's processes reaped")
-        assert time.monotonic() - answered < LEFTOVER_GRACE
+        assert time.monotonic() - asked < LEFTOVER_GRACE
     assert server.close() == 0

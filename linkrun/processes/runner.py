@@ -153,9 +153,8 @@ class Runner:
             self._leftovers.clear()
             self._lock.notify_all()
             killer = self._killer
-        for pgid, (_, process) in pending:
-            kill_group(pgid)
-            process.wait()
+        for _, (_, process) in pending:
+            _reap(process)
         if killer is not None:
             killer.join()
 
@@ -301,8 +300,7 @@ class Runner:
                     continue
                 ended = [self._leftovers.pop(pgid)[1] for pgid in due]
             for process in ended:
-                kill_group(process.pid)
-                process.wait()
+                _reap(process)
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:

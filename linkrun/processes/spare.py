@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from .. import logger
 from ..errors import Refused
+from ..kernel import HeldFiles
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,20 +111,21 @@ class Spare:
     launch: Launch  # held until the spare's sandbox ended: its /etc view pinned, bwrap's info pipe read
     leader: Leader
     group: Group | None
-    # /proc/<pid>/status of its bwrap and its init, opened as it is made (off
-    # the call's path): read again at its take, one syscall each (`_running`).
-    statuses: tuple[int | None, ...] = field(init=False)
+    # /proc/<pid>/status of its bwrap and its init, held from a first read as
+    # it is made (off the call's path), each descriptor bound to that process
+    # (never to another given its pid later): read again at its take (`_running`).
+    statuses: tuple[str, ...] = field(init=False)
+    held: HeldFiles = field(init=False, default_factory=HeldFiles)
 
     def __post_init__(self) -> None:
-        self.statuses = tuple(_open_status(pid) for pid in (self.leader.process.pid, self.launch.init_pid)
+        self.statuses = tuple(f"/proc/{pid}/status" for pid in (self.leader.process.pid, self.launch.init_pid)
                               if pid is not None)
+        for status in self.statuses:
+            self.held.read(status)
 
     def close(self) -> None:
         """Once its sandbox ended: what it holds let go."""
-        statuses, self.statuses = self.statuses, ()
-        for fd in statuses:
-            if fd is not None:
-                os.close(fd)
+        self.held.close()
         self.launch.close()
 
     def hand_over(self, data: bytes, has_input: bool) -> bool:
@@ -162,31 +164,19 @@ def _running(spare: Spare) -> bool:
     held = [fd for fd in (spare.leader.pidfd, spare.leader.sandbox_init) if fd is not None]
     if spare.leader.pidfd is None or select.select(held, [], [], 0)[0]:
         return False
-    return not any(_kill_pending(fd) for fd in spare.statuses)
+    return not any(_kill_pending(spare.held.read(status)) for status in spare.statuses)
 
 
 _SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in /proc's pending masks
 
 
-def _open_status(pid: int) -> int | None:
-    """/proc/<pid>/status opened, bound to that process (never to another given its pid later); None when it is gone."""
-    try:
-        return os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-
-
-def _kill_pending(status_fd: int | None) -> bool:
-    """SIGKILL is pending for the process whose status `status_fd` reads (for
-    it, or for its process as a whole), or it is gone."""
-    try:
-        status = os.pread(status_fd, 1 << 16, 0) if status_fd is not None else b""  # read afresh at 0
-    except OSError:  # ESRCH: it ended
-        return True
+def _kill_pending(status: str) -> bool:
+    """SIGKILL is pending for the process whose `status` this is (for it, or
+    for its process as a whole), or it is gone (its status empty)."""
     if not status:
         return True
     return any(int(line.split()[1], 16) & _SIGKILL_BIT for line in status.splitlines()
-               if line.startswith((b"SigPnd:", b"ShdPnd:")))
+               if line.startswith(("SigPnd:", "ShdPnd:")))
 
 
 class Spares:

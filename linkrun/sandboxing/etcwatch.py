@@ -13,15 +13,13 @@ import stat
 import struct
 
 from .. import logger
-from ..kernel import inotify
+from ..kernel import (IN_ATTRIB, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_DONT_FOLLOW, IN_IGNORED, IN_MODIFY,
+                      IN_MOVE_SELF, IN_MOVED_FROM, IN_MOVED_TO, IN_Q_OVERFLOW, inotify)
 from .etcview import MASKS, SKIPPED, wanted
 
 # inotify(7), called through ctypes: see EtcWatch.
-_IN_MODIFY, _IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
-_IN_CREATE, _IN_DELETE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
-_IN_Q_OVERFLOW, _IN_IGNORED, _IN_DONT_FOLLOW = 0x4000, 0x8000, 0x2000000
-_WATCHED = (_IN_MODIFY | _IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF
-            | _IN_MOVE_SELF | _IN_DONT_FOLLOW)
+_WATCHED = (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
+            | IN_MOVE_SELF | IN_DONT_FOLLOW)
 _EVENT = struct.Struct("iIII")  # watch descriptor, mask, cookie, the name's length (the name follows)
 _USED_UP = {errno.ENOSPC: ("watches", "fs.inotify.max_user_watches"),
             errno.EMFILE: ("instances", "fs.inotify.max_user_instances")}
@@ -105,17 +103,17 @@ class EtcWatch:
         seen, appeared = False, []
         for wd, mask, name in _events(data):
             path = self._paths.get(wd)
-            if mask & _IN_Q_OVERFLOW:
+            if mask & IN_Q_OVERFLOW:
                 seen, appeared = True, [""]  # events lost: watch again whatever is there now
             elif path is None:
                 continue
-            elif mask & (_IN_IGNORED | _IN_MOVE_SELF) and path == self.etc:
+            elif mask & (IN_IGNORED | IN_MOVE_SELF) and path == self.etc:
                 raise OSError(errno.ENOENT, "removed or moved", self.etc)
-            elif mask & _IN_IGNORED:
+            elif mask & IN_IGNORED:
                 del self._paths[wd]
             elif path != self.etc or not name or wanted(name):  # at the top, the entries the list allows
                 seen = True
-                if mask & (_IN_CREATE | _IN_MOVED_TO):
+                if mask & (IN_CREATE | IN_MOVED_TO):
                     appeared.append(os.path.relpath(os.path.join(path, name), self.etc))
         for new in appeared:  # before the mark: see the class
             self._watch(new)

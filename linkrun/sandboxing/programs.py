@@ -89,11 +89,6 @@ class Programs:
         self._lookups.close()
 
 
-# inotify(7): what changes where a bare name is found (an entry made, removed,
-# renamed, its mode changed; the folder itself gone).
-_IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x4, 0x40, 0x80, 0x100, 0x200
-_IN_DELETE_SELF, _IN_MOVE_SELF, _IN_NONBLOCK = 0x400, 0x800, os.O_NONBLOCK
-_CHANGES = _IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF | _IN_MOVE_SELF
 
 
 class _Lookups:
@@ -149,16 +144,20 @@ class _Lookups:
 
 def _watch(folders: tuple[str, ...]) -> int:
     """An inotify descriptor watching `folders` (a missing one through its parent); -1 when none can be had."""
-    from ..kernel import inotify  # ctypes: loaded by the first spawn's keyring already
+    from .. import kernel  # ctypes: loaded by the first spawn's keyring already
 
+    # What changes where a bare name is found: an entry made, removed, renamed,
+    # its mode changed; the folder itself gone.
+    changes = (kernel.IN_ATTRIB | kernel.IN_MOVED_FROM | kernel.IN_MOVED_TO | kernel.IN_CREATE | kernel.IN_DELETE
+               | kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF)
     try:
-        fd = inotify("inotify_init1", _IN_NONBLOCK | os.O_CLOEXEC)
+        fd = kernel.inotify("inotify_init1", os.O_NONBLOCK | os.O_CLOEXEC)  # IN_NONBLOCK, IN_CLOEXEC
     except OSError:
         return -1
     try:
         for folder in folders:
             watched = folder if os.path.isdir(folder) else os.path.dirname(folder.rstrip("/"))
-            inotify("inotify_add_watch", fd, os.fsencode(watched), _CHANGES)
+            kernel.inotify("inotify_add_watch", fd, os.fsencode(watched), changes)
     except OSError:
         os.close(fd)
         return -1

@@ -43,12 +43,21 @@ def read_small(path: str, limit: int = 1 << 16) -> bytes | None:
 
 class HeldFiles:
     """Kernel files read again and again (a kept cgroup's counters, a spare's status): each
-    opened at its first read and read again at 0, where the kernel writes it
+    opened at its first read (or `hold`) and read again at 0, where the kernel writes it
     afresh, one syscall a look rather than three. A missing one is not looked
     for again. `close` lets go of them all."""
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}  # -1: missing
+
+    def hold(self, path: str) -> None:
+        """Opened now, read at the first `read`: a /proc file so opened stays
+        bound to its process, and the kernel writes its text only when read."""
+        if path not in self._fds:
+            try:
+                self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._fds[path] = -1  # never opened later: it would not be bound to the same process
 
     def read(self, path: str, limit: int = 1 << 16) -> str:
         """Its text; empty when it cannot be read."""

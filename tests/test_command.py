@@ -106,6 +106,18 @@ def test_the_tail_is_kept_across_many_small_writes_after_the_head_is_full(server
     assert result["structuredContent"]["output_bytes"] == len(stream)
 
 
+def test_a_call_answers_its_own_output_alone_after_big_ones_read_on_the_same_threads(server):
+    """A thread reads its calls' output into one buffer, kept from call to
+    call (its pages given back after a big output): nothing of an earlier
+    call's bytes ever reaches a later answer."""
+    for round_ in range(4):
+        big = run(server, program="sh", args=["-c", f"head -c {300_000 + round_} /dev/zero | tr '\\0' A"])
+        assert big["structuredContent"]["output_bytes"] == 300_000 + round_
+        small = run(server, program="sh", args=["-c", "printf B; printf E >&2"])
+        assert (small["structuredContent"]["output"], small["structuredContent"]["errors"]) == ("B", "E")
+        assert small["structuredContent"]["output_bytes"] == 1
+
+
 def open_descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -502,3 +502,27 @@ def test_a_held_kernel_file_is_read_afresh_at_each_look_and_let_go_at_the_end(tm
         held.close()
     assert held.read(f"/proc/{os.getpid()}/status").startswith("Name:")  # a new look after close opens again
     held.close()
+
+
+def test_a_kernel_file_held_before_its_first_read_stays_bound_to_its_process(tmp_path) -> None:
+    # A spare's status files are opened as it is made and first read at its
+    # take (kernel.HeldFiles.hold): the read is of that process, or nothing.
+    from linkrun.kernel import HeldFiles
+
+    child = subprocess.Popen(["sleep", "60"])
+    held = HeldFiles()
+    try:
+        status = f"/proc/{child.pid}/status"
+        held.hold(status)
+        assert f"\nPid:\t{child.pid}\n" in held.read(status)
+        child.kill()
+        child.wait()
+        assert held.read(status) == ""  # its process is gone: never another's given its pid
+        later = tmp_path / "later"
+        held.hold(str(later))
+        later.write_text("made since")
+        assert held.read(str(later)) == ""  # missing when held: not opened later
+    finally:
+        child.kill()
+        child.wait()
+        held.close()

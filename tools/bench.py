@@ -954,35 +954,44 @@ def _join_pool(barrier: Any) -> None:  # a multiprocess Barrier
 
 
 def up_client(folder: str) -> list[float]:
-    """One agent: its own `up` in its own folder, then calls of `echo hi` in a loop (seconds each)."""
+    """One agent: its own `up` in its own folder, then calls of `echo hi` in a
+    loop: when each ended (time.monotonic), and how long it took, in turn."""
     server = Server(SERVER + ["up", "--agent", folder])
     server.send(INIT)
     server.wait(0)
     server.call(1, ECHO)  # the first call pays for what is loaded once
     server.wait(1)
     _together.wait()
-    times = []
+    timed = []
     for request_id in range(2, 2 + CALLS_EACH):
         t = time.perf_counter()
         server.call(request_id, ECHO)
         answer = server.wait(request_id)[1]
-        times.append(time.perf_counter() - t)
+        timed += [time.monotonic(), time.perf_counter() - t]
         if answer["result"].get("isError"):
             raise RuntimeError(f"a call through up failed: {answer['result']}")
     server.close()
-    return times
+    return timed
 
 
 def bare_client(folder: str) -> list[float]:
     """The same loop, each call a bare bwrap of `sh -c 'echo hi'`, its output read."""
     argv = [*BARE_BWRAP, "sh", *ECHO["args"]]
     _together.wait()
-    times = []
+    timed = []
     for _ in range(CALLS_EACH):
         t = time.perf_counter()
         subprocess.run(argv, check=True, stdout=subprocess.PIPE, env={"PATH": SYSTEM_PATH})
-        times.append(time.perf_counter() - t)
-    return times
+        timed += [time.monotonic(), time.perf_counter() - t]
+    return timed
+
+
+def busy_seconds() -> float:
+    """The CPU time of the whole machine so far, all cores, idle and waiting
+    for the disk left out, and this process's own (the bench's sampling) too."""
+    with open("/proc/stat") as f:
+        ticks = [int(field) for field in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / TICKS - time.process_time()
 
 
 def memory_map_of(pid: int) -> tuple[str, ...]:
@@ -1017,24 +1026,36 @@ def descendants_rss_mb(pid: int, depth: int = 0, below: int = 2) -> float:
     return total
 
 
-def run_clients(client: Callable[[str], list[float]], folders: list[str]) -> tuple[list[float], float]:
+def run_clients(client: Callable[[str], list[float]], folders: list[str]) -> tuple[list[float], float, float]:
     """Every folder's client at once, each in a worker process of a pool: the
-    calls' seconds, and the peak RSS of what the workers run (servers,
-    sandboxes, bwraps; the workers themselves left out)."""
+    calls' seconds, the peak RSS of what the workers run (servers,
+    sandboxes, bwraps; the workers themselves left out), and the machine's
+    CPU a call while every client was calling (from the first call's end
+    to the first client's last: no start-up, no client alone)."""
     import multiprocess
 
     barrier = multiprocess.Barrier(len(folders))
     with multiprocess.Pool(len(folders), initializer=_join_pool, initargs=(barrier,)) as pool:
         pending = pool.map_async(client, folders)
-        peak = 0.0
+        peak, busy = 0.0, [(time.monotonic(), busy_seconds())]
         while not pending.ready():
             try:
                 peak = max(peak, descendants_rss_mb(os.getpid()))
             except (OSError, ValueError):
                 pass  # a process ended while it was read
             pending.wait(0.02)
-        times = [seconds for each in pending.get() for seconds in each]
-    return times, peak
+            busy.append((time.monotonic(), busy_seconds()))
+        results = pending.get()
+    ends = [timed[0::2] for timed in results]
+    start, end = min(each[0] for each in ends), min(each[-1] for each in ends)
+    calls = sum(start < at <= end for each in ends for at in each)
+
+    def busy_at(when: float) -> float:  # between the two samples around it
+        later = next(at for at, (moment, _) in enumerate(busy) if moment >= when)
+        (t0, b0), (t1, b1) = busy[max(0, later - 1)], busy[later]
+        return b0 + (b1 - b0) * (when - t0) / (t1 - t0) if t1 > t0 else b1
+
+    return [seconds for timed in results for seconds in timed[1::2]], peak, (busy_at(end) - busy_at(start)) / calls
 
 
 def p99_ms(samples: list[float]) -> float:
@@ -1045,24 +1066,30 @@ def agents(files: str) -> None:
     print("agents: N agents at once, each its own up, each client calling `echo hi` in a loop")
     scratch = os.path.dirname(files)
     sleeps_at_once(files)
-    print(f"  {'agents':>6}   {'up: median':>10} {'p99':>9} {'RSS':>8}   "
-          f"{'bare bwraps: median':>19} {'p99':>9} {'RSS':>8}   {'medians':>7}   target ≤ 1.3×")
+    # CPU a call: the whole machine's, while every client calls (the kernel's
+    # own threads included: a sandbox's teardown runs there). Once the cores
+    # are busy, each of N calls at once takes about N times it over the cores:
+    # the medians' ratio tends to the CPU's.
+    print(f"  {'agents':>6}   {'up: median':>10} {'p99':>9} {'RSS':>8} {'CPU':>8}   "
+          f"{'bare bwraps: median':>19} {'p99':>9} {'RSS':>8} {'CPU':>8}   {'medians':>7} {'CPU':>6}   target ≤ 1.3×")
     for count in AGENT_COUNTS:
         folders = [os.path.join(scratch, f"agents-{count}", f"agent-{index}") for index in range(count)]
-        through, bare, up_rss, bare_rss = [], [], 0.0, 0.0
+        through, bare, up_rss, bare_rss, up_cpu, bare_cpu = [], [], 0.0, 0.0, 0.0, 0.0
         for _ in range(2):  # alternated, so that the machine's drift falls on both
-            times, peak = run_clients(up_client, folders)
-            through, up_rss = through + times, max(up_rss, peak)
-            times, peak = run_clients(bare_client, folders)
-            bare, bare_rss = bare + times, max(bare_rss, peak)
+            times, peak, cpu = run_clients(up_client, folders)
+            through, up_rss, up_cpu = through + times, max(up_rss, peak), up_cpu + cpu / 2
+            times, peak, cpu = run_clients(bare_client, folders)
+            bare, bare_rss, bare_cpu = bare + times, max(bare_rss, peak), bare_cpu + cpu / 2
         ratio = median_ms(through) / median_ms(bare)
-        print(f"  {count:>6}   {median_ms(through):>7.1f} ms {p99_ms(through):>6.1f} ms {up_rss:>5.0f} MB   "
-              f"{median_ms(bare):>16.1f} ms {p99_ms(bare):>6.1f} ms {bare_rss:>5.0f} MB   {ratio:>6.2f}×")
+        up_each, bare_each = up_cpu * 1000, bare_cpu * 1000
+        print(f"  {count:>6}   {median_ms(through):>7.1f} ms {p99_ms(through):>6.1f} ms {up_rss:>5.0f} MB "
+              f"{up_each:>5.1f} ms   {median_ms(bare):>16.1f} ms {p99_ms(bare):>6.1f} ms {bare_rss:>5.0f} MB "
+              f"{bare_each:>5.1f} ms   {ratio:>6.2f}× {up_each / bare_each:>5.2f}×")
         if count in (1, AGENT_COUNTS[-1]):
-            figure(f"`echo hi` through up, {count} agent{'s' if count > 1 else ''} at once (median, p99; RSS)",
-                   f"{median_ms(through):.1f} ms, {p99_ms(through):.1f} ms; {up_rss:.0f} MB",
+            figure(f"`echo hi` through up, {count} agent{'s' if count > 1 else ''} at once (median, p99; RSS; CPU a call)",
+                   f"{median_ms(through):.1f} ms, {p99_ms(through):.1f} ms; {up_rss:.0f} MB; {up_each:.1f} ms",
                    f"{count} bare bwrap{'s' if count > 1 else ''}: {median_ms(bare):.1f} ms, "
-                   f"{p99_ms(bare):.1f} ms; {bare_rss:.0f} MB")
+                   f"{p99_ms(bare):.1f} ms; {bare_rss:.0f} MB; {bare_each:.1f} ms")
 
 
 def pace(files: str) -> None:

@@ -13,6 +13,7 @@ still holds the output pipes.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import select
 import subprocess
@@ -38,6 +39,20 @@ if TYPE_CHECKING:  # loaded only by a launch with limits
     from ..sandboxing.keptgroups import KeptGroups
 
 LEFTOVER_GRACE = 1.0
+KEEP_TOUCHED = 1 << 16  # bytes of output past which a call gives its buffer's pages back
+
+_buffers = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """This thread's buffer for its calls' output, kept from call to call:
+    mapped, so the kernel zeroes a page only as a read first fills it (an
+    `echo hi` touches one), where a new bytearray zeroed all CHUNK bytes each call."""
+    view = getattr(_buffers, "view", None)
+    if view is None:
+        _buffers.mapped = mmap.mmap(-1, CHUNK)
+        view = _buffers.view = memoryview(_buffers.mapped)
+    return view
 PROGRESS_EVERY = 0.25
 # A call's progress goes out at least this often, output or none: opencode
 # (the TypeScript SDK's 60 s timer, reset by progress) cancels a call after a
@@ -245,7 +260,7 @@ class Runner:
         sandboxed = leader.sandbox_init is not None  # killed when the leader exits, and all the sandbox with it
         watch = Watch(leader, started + request.timeout, leftover_grace=LEFTOVER_GRACE)
         output, errors = Capture(output_limit), Capture(output_limit)
-        buffer = memoryview(bytearray(CHUNK))
+        buffer = _read_buffer()
         kept = keepers or (None, None)
         readers = (CaptureReader(output, buffer, kept[0]), CaptureReader(errors, buffer, kept[1]))
         try:
@@ -265,6 +280,8 @@ class Runner:
             leader.close()
             for reader in readers:
                 reader.close()
+            if output.total + errors.total > KEEP_TOUCHED:  # a big output's pages given back: serve stays small
+                _buffers.mapped.madvise(mmap.MADV_DONTNEED)
             for pipe in (process.stdin, process.stdout, process.stderr):
                 if pipe is not None:
                     pipe.close()

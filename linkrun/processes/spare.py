@@ -111,9 +111,9 @@ class Spare:
     launch: Launch  # held until the spare's sandbox ended: its /etc view pinned, bwrap's info pipe read
     leader: Leader
     group: Group | None
-    # /proc/<pid>/status of its bwrap and its init, held from a first read as
-    # it is made (off the call's path), each descriptor bound to that process
-    # (never to another given its pid later): read again at its take (`_running`).
+    # /proc/<pid>/status of its bwrap and its init, opened as it is made (off
+    # the call's path), each descriptor bound to that process (never to
+    # another given its pid later): read at its take (`_running`).
     statuses: tuple[str, ...] = field(init=False)
     held: HeldFiles = field(init=False, default_factory=HeldFiles)
 
@@ -121,7 +121,7 @@ class Spare:
         self.statuses = tuple(f"/proc/{pid}/status" for pid in (self.leader.process.pid, self.launch.init_pid)
                               if pid is not None)
         for status in self.statuses:
-            self.held.read(status)
+            self.held.hold(status)
 
     def close(self) -> None:
         """Once its sandbox ended: what it holds let go."""
@@ -172,11 +172,15 @@ _SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in /proc's pending masks
 
 def _kill_pending(status: str) -> bool:
     """SIGKILL is pending for the process whose `status` this is (for it, or
-    for its process as a whole), or it is gone (its status empty)."""
+    for its process as a whole), or it is gone (its status empty). The two
+    lines are found, not every line split: on the call's path."""
     if not status:
         return True
-    return any(int(line.split()[1], 16) & _SIGKILL_BIT for line in status.splitlines()
-               if line.startswith(("SigPnd:", "ShdPnd:")))
+    for name in ("\nSigPnd:", "\nShdPnd:"):
+        at = status.find(name)
+        if at >= 0 and int(status[at + len(name):status.find("\n", at + 1)], 16) & _SIGKILL_BIT:
+            return True
+    return False
 
 
 class Spares:

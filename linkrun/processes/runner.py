@@ -39,6 +39,11 @@ if TYPE_CHECKING:  # loaded only by a launch with limits
     from ..sandboxing.keptgroups import KeptGroups
 
 LEFTOVER_GRACE = 1.0
+PROGRESS_EVERY = 0.25
+# A call's progress goes out at least this often, output or none: opencode
+# (the TypeScript SDK's 60 s timer, reset by progress) cancels a call after a
+# minute without one. Well under 15 s, for a loaded machine's late ticks.
+PROGRESS_PACE = 5.0
 KEEP_TOUCHED = 1 << 16  # bytes of output past which a call gives its buffer's pages back
 
 _buffers = threading.local()
@@ -47,17 +52,12 @@ _buffers = threading.local()
 def _read_buffer() -> memoryview:
     """This thread's buffer for its calls' output, kept from call to call:
     mapped, so the kernel zeroes a page only as a read first fills it (an
-    `echo hi` touches one), where a new bytearray zeroed all CHUNK bytes each call."""
+    `echo hi` touches one), where a bytearray is zeroed whole (CHUNK bytes)."""
     view = getattr(_buffers, "view", None)
     if view is None:
         _buffers.mapped = mmap.mmap(-1, CHUNK)
         view = _buffers.view = memoryview(_buffers.mapped)
     return view
-PROGRESS_EVERY = 0.25
-# A call's progress goes out at least this often, output or none: opencode
-# (the TypeScript SDK's 60 s timer, reset by progress) cancels a call after a
-# minute without one. Well under 15 s, for a loaded machine's late ticks.
-PROGRESS_PACE = 5.0
 
 
 @dataclass(frozen=True)

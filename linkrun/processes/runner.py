@@ -53,11 +53,9 @@ def _read_buffer() -> memoryview:
     """This thread's buffer for its calls' output, kept from call to call:
     mapped, so the kernel zeroes a page only as a read first fills it (an
     `echo hi` touches one), where a bytearray is zeroed whole (CHUNK bytes)."""
-    view = getattr(_buffers, "view", None)
-    if view is None:
+    if not hasattr(_buffers, "mapped"):
         _buffers.mapped = mmap.mmap(-1, CHUNK)
-        view = _buffers.view = memoryview(_buffers.mapped)
-    return view
+    return memoryview(_buffers.mapped)
 
 
 @dataclass(frozen=True)

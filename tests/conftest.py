@@ -243,16 +243,21 @@ def is_spare(pid: int) -> bool:
         return False
 
 
-def warm_server(serve: int) -> int | None:
-    """The warm fork server among serve's children, if one runs."""
+def child_running(serve: int, word: bytes) -> int | None:
+    """A child of serve with `word` among its command line's words, if one runs."""
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             words = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            if b"warm-fork" in words and parent_of(int(name)) == serve:
+            if word in words and parent_of(int(name)) == serve:
                 return int(name)
         except (OSError, ValueError):
             continue
     return None
+
+
+def warm_server(serve: int) -> int | None:
+    """The warm fork server among serve's children, if one runs."""
+    return child_running(serve, b"warm-fork")
 
 
 def spares_of(serve: int) -> list[int]:

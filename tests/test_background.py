@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from background_helpers import META, OTHER, background_argv, payload, read, record, start, wait_ended, wait_running
-from conftest import SERVER, parent_of, pid_alive, serve_argv, text_of, wait_for, warm_server
+from conftest import SERVER, child_running, parent_of, pid_alive, serve_argv, text_of, wait_for
 
 from linkrun.state import layout, records
 
@@ -117,16 +117,28 @@ def test_list_shows_a_command_whose_supervisor_died_as_lost_at_once(bg, state):
     assert (entry["id"], entry["state"]) == (command_id, "lost")
 
 
-def test_list_waits_for_the_end_a_sweep_is_writing_of_a_command_whose_supervisor_died(bg, state):
+def test_list_waits_for_the_end_a_sweep_is_writing_of_a_command_whose_supervisor_died(servers, files, state):
     # A sweep (serve's own, another serve's, the bridge's) holds the lock
     # while it writes the end: list, then, must not say the command runs.
-    wait_for(lambda: warm_server(bg.process.pid), what="serve's warm fork server")  # its first sweep looked first
+    # The state folder is there before serve, as after an agent's first day:
+    # serve's first sweep runs, and it ends before this test plays a sweep
+    # (else it may be the one that takes the dead supervisor's lock).
+    state.mkdir()
+    bg = servers(background_argv(files, state))
+    bg.initialize()
+    wait_for(lambda: (state / layout.SWEEP_LOCK).exists() and child_running(bg.process.pid, b"sweep") is None,
+             what="serve's first sweep to end")
     command_id = start(bg, program="sleep", args=["100"])
     gate = wait_running(state, command_id)["leader_pid"]
     os.kill(parent_of(gate), signal.SIGKILL)
-    wait_for(lambda: not pid_alive(gate), what="the gate to die with its supervisor")
-    sweeping = records.try_lock(str(state), command_id)
-    assert sweeping is not None, "the lock is free once the supervisor is dead"
+    taken: list[int] = []  # the lock, once the killed supervisor's last thread let it go
+
+    def take_lock() -> bool:
+        taken.extend(fd for fd in [records.try_lock(str(state), command_id)] if fd is not None)
+        return bool(taken)
+
+    wait_for(take_lock, what="the lock to be free once the supervisor is dead")
+    sweeping = taken[0]
     answers: list[dict] = []
     lister = threading.Thread(target=lambda: answers.append(bg.call("list", {}, meta=META)))
     try:

@@ -147,16 +147,16 @@ def test_a_sandboxed_call_is_reaped_as_its_answer_goes_out(tmp_path, servers) ->
     # The sandbox's init dies with bwrap's outer process, and all the sandbox
     # with it: nothing is left to wait a grace for, so the call is reaped at
     # once, by the thread that sent its answer (runner.Later), well before
-    # the grace a leftover gets (LEFTOVER_GRACE).
+    # the grace a leftover gets (LEFTOVER_GRACE, counted from the program's
+    # end, which comes before the answer). Timed from the answer: a fresh
+    # serve's first call took 1.9 s on a loaded machine, its reap no longer.
     require_sandbox()
     box = Agent(tmp_path)
     server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
     server.initialize()
     for _ in range(3):
-        asked = time.monotonic()
         result = server.call("command", {"program": "sh", "args": ["-c", "echo hi; sleep 30 &"]})
         assert result["structuredContent"]["output"] == "hi", result
         wait_for(lambda: zombies_below(server.process.pid) == [], timeout=LEFTOVER_GRACE / 2,
-                 what="the call's processes reaped")
-        assert time.monotonic() - asked < LEFTOVER_GRACE
+                 what="the call's processes reaped within half a leftover's grace of its answer")
     assert server.close() == 0

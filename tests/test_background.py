@@ -131,14 +131,9 @@ def test_list_waits_for_the_end_a_sweep_is_writing_of_a_command_whose_supervisor
     command_id = start(bg, program="sleep", args=["100"])
     gate = wait_running(state, command_id)["leader_pid"]
     os.kill(parent_of(gate), signal.SIGKILL)
-    taken: list[int] = []  # the lock, once the killed supervisor's last thread let it go
-
-    def take_lock() -> bool:
-        taken.extend(fd for fd in [records.try_lock(str(state), command_id)] if fd is not None)
-        return bool(taken)
-
-    wait_for(take_lock, what="the lock to be free once the supervisor is dead")
-    sweeping = taken[0]
+    # The lock, once the killed supervisor's last thread let it go (wait_for gives the fd back).
+    sweeping = wait_for(lambda: [fd for fd in [records.try_lock(str(state), command_id)] if fd is not None],
+                        what="the lock to be free once the supervisor is dead")[0]
     answers: list[dict] = []
     lister = threading.Thread(target=lambda: answers.append(bg.call("list", {}, meta=META)))
     try:

@@ -12,6 +12,7 @@ reads them against the issue's targets.
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import shutil
@@ -591,35 +592,10 @@ def sandbox(files: str):
     row("up (embedded defaults) → initialize answered", f"{started:.1f} ms", "target ≤ 150 ms")
 
     # A call of /bin/true through up's sandbox, against a bare run of the same bwrap argv.
-    plan = subprocess.run(SERVER + ["sandbox", "--agent", agent, "--print", "--", "/bin/true"],
-                          capture_output=True, text=True, check=True).stdout
-    import shlex
-
-    argv = shlex.split(plan.strip().splitlines()[-1])
-    # serve runs bwrap itself and sets prlimit's limits on the sandbox's init: no prlimit exec, as here.
-    bare_argv = argv[argv.index("--") + 1:] if os.path.basename(argv[0]) == "prlimit" else list(argv)
-    # The printed argv binds work/ by a descriptor of the printing process: bind it by path here.
-    while "--bind-fd" in bare_argv:
-        index = bare_argv.index("--bind-fd")
-        bare_argv[index:index + 3] = ["--bind", bare_argv[index + 2], bare_argv[index + 2]]
-    # And the /etc view by a descriptor: bind the view's link by path (bwrap follows it).
-    if "--ro-bind-fd" in bare_argv:
-        index = bare_argv.index("--ro-bind-fd")
-        bare_argv[index:index + 2] = ["--ro-bind", os.path.join(agent, "State", "etc.view")]
-    # Its filter too is a descriptor of the printer's: open the agent's filter afresh for each run, as a call does.
-    filter_path = os.path.join(agent, "State", "seccomp.bpf")
-    seccomp_at = bare_argv.index("--seccomp") + 1 if "--seccomp" in bare_argv else None
+    bare_argv, filter_path = direct_plan(agent, ["/bin/true"])
 
     def run_bare(command: list[str]):
-        if seccomp_at is None:
-            subprocess.run(command, check=True, env={})
-            return
-        fd = os.open(filter_path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            command = command[:seccomp_at] + [str(fd)] + command[seccomp_at + 1:]
-            subprocess.run(command, check=True, pass_fds=(fd,), env={})
-        finally:
-            os.close(fd)
+        run_direct(command, filter_path, env={})
 
     minimal = BARE_BWRAP + ["/bin/true"]
     unhardened = _without_hardening(bare_argv)
@@ -679,6 +655,41 @@ def sandbox(files: str):
         f"its threads: {len(os.listdir(f'/proc/{pid}/task'))}")
     server.close()
     limits_cost(files)
+
+
+def direct_plan(agent: str, program: list[str]) -> tuple[list[str], str | None]:
+    """up's sandbox for `program` as bwrap's own argv, to run without serve:
+    what `sandbox --print` gives, its descriptors bound by path (each call
+    opens its filter afresh: `run_direct`); and the agent's filter, if it has one."""
+    import shlex
+
+    plan = subprocess.run(SERVER + ["sandbox", "--agent", agent, "--print", "--", *program],
+                          capture_output=True, text=True, check=True).stdout
+    argv = shlex.split(plan.strip().splitlines()[-1])
+    # serve runs bwrap itself and sets prlimit's limits on the sandbox's init: no prlimit exec, as here.
+    bare_argv = argv[argv.index("--") + 1:] if os.path.basename(argv[0]) == "prlimit" else list(argv)
+    # The printed argv binds work/ by a descriptor of the printing process: bind it by path here.
+    while "--bind-fd" in bare_argv:
+        index = bare_argv.index("--bind-fd")
+        bare_argv[index:index + 3] = ["--bind", bare_argv[index + 2], bare_argv[index + 2]]
+    # And the /etc view by a descriptor: bind the view's link by path (bwrap follows it).
+    if "--ro-bind-fd" in bare_argv:
+        index = bare_argv.index("--ro-bind-fd")
+        bare_argv[index:index + 2] = ["--ro-bind", os.path.join(agent, "State", "etc.view")]
+    filter_path = os.path.join(agent, "State", "seccomp.bpf")
+    return bare_argv, filter_path if "--seccomp" in bare_argv else None
+
+
+def run_direct(argv: list[str], filter_path: str | None, **run: Any) -> subprocess.CompletedProcess[bytes]:
+    """A `direct_plan` argv run, its filter opened for it, as a call does."""
+    if filter_path is None:
+        return subprocess.run(argv, check=True, **run)
+    at = argv.index("--seccomp") + 1
+    fd = os.open(filter_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return subprocess.run(argv[:at] + [str(fd)] + argv[at + 1:], check=True, pass_fds=(fd,), **run)
+    finally:
+        os.close(fd)
 
 
 def _without_hardening(argv: list[str]) -> list[str]:
@@ -986,6 +997,20 @@ def bare_client(folder: str) -> list[float]:
     return timed
 
 
+def direct_client(plan: tuple[list[str], str | None, bytes | None], folder: str) -> list[float]:
+    """The same loop, each call up's sandbox spawned directly (`direct_plan`),
+    no serve: its program `sh -c 'echo hi'`, or its loader given the script
+    of it (spare.py) when the plan has one."""
+    argv, filter_path, script = plan
+    _together.wait()
+    timed = []
+    for _ in range(CALLS_EACH):
+        t = time.perf_counter()
+        run_direct(argv, filter_path, input=script, stdout=subprocess.PIPE, env={"PATH": SYSTEM_PATH})
+        timed += [time.monotonic(), time.perf_counter() - t]
+    return timed
+
+
 def busy_seconds() -> float:
     """The CPU time of the whole machine so far, all cores, idle and waiting
     for the disk left out, and this process's own (the bench's sampling) too."""
@@ -1072,19 +1097,40 @@ def agents(files: str) -> None:
     # the medians' ratio tends to the CPU's.
     print(f"  {'agents':>6}   {'up: median':>10} {'p99':>9} {'RSS':>8} {'CPU':>8}   "
           f"{'bare bwraps: median':>19} {'p99':>9} {'RSS':>8} {'CPU':>8}   {'medians':>7} {'CPU':>6}   target ≤ 1.3×")
+    # Where a call's CPU goes, the same loop without serve: up's sandbox
+    # spawned directly (what its guarantees cost), and its loader given the
+    # program's script (what a spare adds).
+    plan_agent = os.path.join(scratch, "agent-direct")
+    up_starts(SERVER + ["up", "--agent", plan_agent], times=1)[1].close()
+    program = ["/usr/bin/sh", *ECHO["args"]]
+    argv, filter_path = direct_plan(plan_agent, program)
+    from linkrun.processes.spare import LOADER_TAIL, script
+
+    loader_argv = argv[:len(argv) - len(program)] + list(LOADER_TAIL)
+    plans = {"sandbox": (argv, filter_path, None),
+             "loader": (loader_argv, filter_path, script(program, "", os.path.join(plan_agent, "Files"), False))}
     for count in AGENT_COUNTS:
         folders = [os.path.join(scratch, f"agents-{count}", f"agent-{index}") for index in range(count)]
         through, bare, up_rss, bare_rss, up_cpu, bare_cpu = [], [], 0.0, 0.0, 0.0, 0.0
+        direct: dict[str, tuple[list[float], float]] = {name: ([], 0.0) for name in plans}
         for _ in range(2):  # alternated, so that the machine's drift falls on both
             times, peak, cpu = run_clients(up_client, folders)
             through, up_rss, up_cpu = through + times, max(up_rss, peak), up_cpu + cpu / 2
             times, peak, cpu = run_clients(bare_client, folders)
             bare, bare_rss, bare_cpu = bare + times, max(bare_rss, peak), bare_cpu + cpu / 2
+            for name, plan in plans.items():
+                times, _, cpu = run_clients(functools.partial(direct_client, plan), folders)
+                direct[name] = (direct[name][0] + times, direct[name][1] + cpu / 2)
         ratio = median_ms(through) / median_ms(bare)
         up_each, bare_each = up_cpu * 1000, bare_cpu * 1000
         print(f"  {count:>6}   {median_ms(through):>7.1f} ms {p99_ms(through):>6.1f} ms {up_rss:>5.0f} MB "
               f"{up_each:>5.1f} ms   {median_ms(bare):>16.1f} ms {p99_ms(bare):>6.1f} ms {bare_rss:>5.0f} MB "
               f"{bare_each:>5.1f} ms   {ratio:>6.2f}× {up_each / bare_each:>5.2f}×")
+        (alone, alone_cpu), (loaded, loaded_cpu) = direct["sandbox"], direct["loader"]
+        print(f"  {'':>6}   without serve, against the bare bwraps: up's sandbox spawned directly "
+              f"{median_ms(alone):.1f} ms, CPU {alone_cpu * 1000:.1f} ms ({median_ms(alone) / median_ms(bare):.2f}×, "
+              f"{alone_cpu / bare_cpu:.2f}×); with its loader {median_ms(loaded):.1f} ms, CPU "
+              f"{loaded_cpu * 1000:.1f} ms ({median_ms(loaded) / median_ms(bare):.2f}×, {loaded_cpu / bare_cpu:.2f}×)")
         if count in (1, AGENT_COUNTS[-1]):
             figure(f"`echo hi` through up, {count} agent{'s' if count > 1 else ''} at once (median, p99; RSS)",
                    f"{median_ms(through):.1f} ms, {p99_ms(through):.1f} ms; {up_rss:.0f} MB",

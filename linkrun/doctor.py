@@ -104,7 +104,9 @@ def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFil
         yield "ok", "per-agent limits: serve runs in a systemd scope of its own", ""
     else:
         yield "warn", f"no per-agent memory and task limits: systemd-run --user --scope fails here ({why})", \
-            "see docs/security.md"
+            ("each call keeps its own limits (below); for a cap on the agent as a whole, start it from a login "
+             "session that runs systemd --user, or run loginctl enable-linger once (docs/troubleshooting.md, "
+             "\"Per-call limits\")")
     yield from limit_checks(sandbox.call_limits(settings, host), works, why, _longest_call(folder))
 
 

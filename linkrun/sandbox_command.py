@@ -23,7 +23,7 @@ from .sandboxing.sandbox import SandboxFile, build, find_system, load, write_fol
 from .state import layout
 
 
-USAGE = "lnk-link-run sandbox --file <sandbox.toml> --agent <dir> [--print] -- <program> <args>"
+USAGE = "lnk-link-run sandbox [--file <sandbox.toml>] [--agent <dir>] [--print] -- <program> <args>"
 
 
 def main(argv: list[str]) -> int:

@@ -53,9 +53,9 @@ runs programs, each call in a sandbox of its own.
   --spec FILE      a spec whose [tool.run] sets the numbers, kept as
                    Config/spec.toml (default: the agent's Config/spec.toml,
                    else {spec})
-  --no-way-in      also offer background commands (start, list, read, stop)
-                   to a client that takes no messages: their ends are learnt
-                   with list and read (default: no background commands)
+  --no-way-in      also offer background commands (start, list, read, write,
+                   stop) to a client that takes no messages: their ends are
+                   learnt with list and read (default: no background commands)
   --way-in ADDR    offer background commands, whose ends are told as messages
                    to Link's way in: http://127.0.0.1:<port>/<path> or
                    unix:<socket path>

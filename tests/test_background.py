@@ -340,6 +340,15 @@ def test_a_link_planted_at_background_refuses_start(servers, files, state, tmp_p
 # -- conversations, hops, caps ---------------------------------------------------------
 
 
+def test_a_missing_id_is_named_missing_not_shown_as_none(bg):
+    for tool in ("read", "stop", "write"):
+        for arguments in ({}, {"id": None}):
+            answer = bg.call(tool, arguments)
+            assert answer["isError"] is True
+            assert text_of(answer) == ("Refused: id is missing; give the id that start answered (list shows this "
+                                       "conversation's commands)")
+
+
 def test_another_conversations_command_is_answered_as_unknown(bg, state):
     command_id = start(bg, program="sleep", args=["100"])
     wait_running(state, command_id)

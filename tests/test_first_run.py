@@ -179,13 +179,21 @@ def test_up_help_explains_each_flag_with_its_default():
     assert "default: $XDG_DATA_HOME/linkrun/agents/main" in text
     assert "timeout 2m" in text and "output 16K" in text  # the spec's defaults, from the embedded ones
     assert "MCP client" in text
+    assert "background commands (start, list, read, write, stop)" in text  # the tools --no-way-in adds
 
 
-def test_stop_and_remove_given_the_agents_folder_or_a_missing_folder_say_so_and_touch_nothing(who):
+def test_sandbox_help_shows_its_file_and_agent_as_the_defaults_they_have():
+    done = subprocess.run([*SERVER, "sandbox", "--help"], capture_output=True, text=True, timeout=60)
+    assert "lnk-link-run sandbox [--file <sandbox.toml>] [--agent <dir>] [--print] -- <program> <args>" in done.stdout
+
+
+def test_stop_remove_and_sweep_given_the_agents_folder_or_a_missing_folder_say_so_and_touch_nothing(who):
     run, folder = who
     agent = folder / "agent"
     assert run("up", "--agent", str(agent), "--no-way-in").returncode == 0  # makes the agent's folder
-    for command in ("stop", "remove"):
+    lost = run("sweep", str(folder / "nonexistent"))  # its folder as a word, as the usage gives it
+    assert lost.returncode == 1 and "no such folder" in lost.stderr, lost.stderr
+    for command in ("stop", "remove", "sweep"):
         wrong = run(command, "--state", str(agent))
         assert wrong.returncode == 1, wrong.stderr
         assert f"{agent} is an agent's folder, not its state folder" in wrong.stderr, wrong.stderr

@@ -69,7 +69,7 @@ def status(url: str, *curl_flags: str) -> str:
 def up_server(servers):
     def start(box: Agent, *flags: str):
         server = servers(SERVER + ["up", "--agent", str(box.root), "--sandbox", str(box.file), *flags], env=box.env)
-        server.initialize()
+        server.initialized = server.initialize()
         return server
     return start
 
@@ -77,6 +77,7 @@ def up_server(servers):
 def test_a_named_host_is_reached_with_curl_and_python_from_inside(tmp_path, site, up_server):
     box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
     server = up_server(box)
+    assert "A call reaches the internet only through the agent's proxy" in server.initialized["instructions"]
     text = sh(server, status(f"http://127.0.0.2:{site}/page") + "; python3 -c \"import urllib.request; "
               f"print(urllib.request.urlopen('http://127.0.0.2:{site}/py').read().decode())\"")
     assert "200\nexit 0\nhello from /py" in text, text
@@ -307,6 +308,7 @@ def test_without_hosts_a_call_has_no_relay_no_proxy_folder_and_no_variables(tmp_
     require_sandbox()
     box = Agent(tmp_path, "")
     server = up_server(box)
+    assert "A call has no internet: its sandbox's network is its own" in server.initialized["instructions"]
     text = sh(server, "ls /run/lnk/proxy; env | grep -ci proxy; cat /proc/net/sockstat | grep TCP:")
     assert "No such file or directory" in text and "\n0\n" in text and "TCP: inuse 0" in text, text
     assert not (box.root / "State" / "proxy.json").exists()

@@ -76,11 +76,20 @@ def test_another_conversations_kept_output_is_an_unknown_id(keep):
     for meta in (OTHER, {}):  # another thread; a plain client's default conversation
         answer = keep.call("read", {"id": kept_id}, meta=meta)
         assert answer.get("isError") is True
-        assert text_of(answer) == f"Refused: no command of this conversation's has id '{kept_id}'; list shows this conversation's commands"
+        assert text_of(answer) == (f"Refused: no kept output of this conversation's has id '{kept_id}'; give the "
+                                   "id that one of its command answers named, within 1d of that call")
     # Of a plain client (no thread named): its own default conversation reads its own.
     mine = keep.call("command", {"program": "python3", "args": NUMBERS})["structuredContent"]["output_id"]
     assert read_kept(keep, mine, {})[0]["total"] == 2100000
     assert keep.call("read", {"id": mine}, meta=META).get("isError") is True
+
+
+def test_without_background_commands_a_missing_or_unknown_id_points_to_a_commands_answer(keep):
+    missing = keep.call("read", {})
+    assert missing["isError"] is True
+    assert text_of(missing) == "Refused: id is missing; give the id that a command's answer named for its output"
+    unknown = keep.call("read", {"id": "zzz"})
+    assert "list" not in text_of(unknown) and "no kept output of this conversation's has id 'zzz'" in text_of(unknown)
 
 
 def test_past_its_cap_the_last_bytes_are_kept_and_the_dropped_ones_counted(servers, files, state):

@@ -145,6 +145,10 @@ def test_the_limits_of_the_sandbox_file_are_checked_and_resolved_against_the_mac
                 {"cpu": "2"}, {"cpu": "0%"}, {"cpu": 200}):
         with pytest.raises(LinkRunError, match=r"\[limits\]"):
             sandbox.parse({"limits": bad}, "f")
+    for bad in ("lots", "150%"):  # both forms named, whichever was meant
+        with pytest.raises(LinkRunError) as refused:
+            sandbox.parse({"limits": {"memory": bad}}, "f")
+        assert refused.value.hint == 'write a size such as "4G", or a share from "1%" to "100%"'
 
 
 def test_serve_takes_its_limits_in_one_flag_and_names_a_bad_one():

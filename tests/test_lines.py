@@ -112,10 +112,13 @@ def test_a_match_in_a_dropped_part_is_reported_as_dropped(servers, files, state)
 
 
 def test_another_conversations_output_is_unknown_to_a_search(both, state):
-    for item in (kept_numbers(both), background_numbers(both, state)):
+    for item, unknown in ((kept_numbers(both), "no kept output of this conversation's"),
+                          (background_numbers(both, state), "no command of this conversation's")):
         answer = both.call("read", {"id": item, "pattern": "1"}, meta=OTHER)
         assert answer.get("isError") is True
-        assert "no command of this conversation's" in text_of(answer)
+        assert unknown in text_of(answer)
+        missing = both.call("read", {"pattern": "1"})
+        assert text_of(missing).endswith("or the one a command's answer named for its output")
 
 
 def test_lines_of_kept_output_without_background_commands(servers, files, state):

@@ -55,6 +55,7 @@ def test_a_matching_line_is_told_once_with_its_offset_then_the_end(servers, file
     assert message["from"] == f"run:{command_id}:lines:1" and message["kind"] == "lines"
     assert message["state"] == "running" and message["hops"] == 2 and message["agent"] == AGENT
     assert lines_of(message) == [(9, "listening on :8000")] and message["more"] == 0
+    assert message["bytes"] == 28 and message["seconds"] > 0  # what it had written when the message was made
     nonce, shown = output_block(message["text"])
     assert shown == "@9: listening on :8000\n"
     assert "matching its tell_on pattern 'listening on'" in message["text"]

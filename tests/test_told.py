@@ -56,6 +56,20 @@ sys.stdout.buffer.write("\n".join(lines).encode() + b"\n")
 """
 
 
+def test_a_missing_key_is_said_on_serves_start_not_only_at_the_first_end(servers, files, state, tmp_path, ways_in):
+    way_in = ways_in()
+    empty = tmp_path / "no-keys"
+    empty.mkdir()
+    state.mkdir(parents=True, exist_ok=True)  # an agent that ran before: serve's first sweep runs after the key's look
+    server = servers(told_argv(files, state, empty, way_in.address))
+    server.initialize()
+    wait_for(lambda: (state / layout.SWEEP_LOCK).exists(), what="serve's first sweep, after the key's look")
+    server.close()
+    said = server.stderr.decode()
+    assert f"the agent's key {empty / (AGENT + '.key')} is missing" in said, said
+    assert "ends of background commands cannot be told" in said and "give the right --keyring" in said, said
+
+
 def test_everything_the_program_printed_lies_between_markers_whose_nonce_it_never_saw(
         servers, files, state, keyring, ways_in):
     way_in = ways_in()

@@ -168,6 +168,10 @@ def test_doctor_runs_every_check_and_says_what_to_do(box):
         "caller's environment" in ok.stdout
     if os.uname().machine in ("x86_64", "aarch64"):
         assert "ok   the syscall filter is loaded inside" in ok.stdout
+    lines = ok.stdout.splitlines()
+    scope = next(at for at, line in enumerate(lines) if "per-agent" in line)
+    if lines[scope].startswith("warn"):  # no systemd user session here: what would give one
+        assert "loginctl enable-linger" in lines[scope + 1] and "docs/troubleshooting.md" in lines[scope + 1]
     refused = subprocess.run(outer_sandbox("--disable-userns") + SERVER + ["doctor", "--agent", str(box.root)],
                              env=box.env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1

@@ -139,6 +139,15 @@ def test_when_serve_ends_the_server_ends_and_supervisors_live_on(bg, files, stat
     assert wait_ended(state, running)["state"] in ("lost", "stopped")
 
 
+def test_serve_ending_while_the_server_boots_leaves_no_traceback(servers, files, state):
+    server = servers(background_argv(files, state))
+    server.initialize()
+    forks = wait_for(lambda: warm_server(server.process.pid), what="the warm fork server, booting")
+    server.close()  # before it said it was ready: its word to serve meets a closed socket
+    wait_for(lambda: not pid_alive(forks), what="the server to end with serve")
+    assert b"Traceback" not in server.stderr, server.stderr.decode()
+
+
 def test_a_server_that_stops_answering_is_killed_and_the_start_boots_its_supervisor(bg, files, state):
     server = bg
     stuck = ready_warm_server(server, state)

@@ -222,6 +222,7 @@ class Background:
             # The first sweep waits for the session's first answer (or two
             # seconds): a start with many records must not slow `initialize`.
             self.ready.wait(2.0)
+            self._look_at_the_key()
             if self.warm is not None:
                 self.warm.start()  # so the first start finds it warm
             while True:
@@ -231,6 +232,21 @@ class Background:
                 time.sleep(60 if untold else 600)
 
         threading.Thread(target=loop, daemon=True, name="sweeps").start()
+
+    def _look_at_the_key(self) -> None:
+        """The agent's key, read once at the start: a missing or unusable one is
+        said now, not only in each command's log once its end cannot be told."""
+        b = self.b
+        if not b.way_in:
+            return
+        from ..messages.wayin import read_key
+
+        assert b.agent is not None and b.keyring is not None  # config gives both with every way in
+        try:
+            read_key(b.keyring, b.agent)
+        except LinkRunError as problem:
+            logger.warning(f"{problem.message}: the ends of background commands cannot be told through the way in "
+                           f"until it is mended; {problem.hint}")
 
     def run_sweep(self) -> None:
         if not os.path.isdir(self.state):

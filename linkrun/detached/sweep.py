@@ -46,14 +46,17 @@ def main_sweep(argv: list[str]) -> int:
     if argv and not argv[0].startswith("--"):
         positional, argv = argv[0], argv[1:]
     flags, _ = split_flags(argv, {"--state", "--way-in", "--as", "--keyring"}, set(), set())
-    state = flags.get("--state") or positional
-    if not state:
+    given = flags.get("--state") or positional
+    if not given:
         raise UsageError("sweep needs the state folder", "lnk-link-run sweep <state> [--way-in A --as ID [--keyring DIR]]")
     way_in = way_in_flags(flags, os.environ)
     override = None
     if way_in.address is not None:
         override = telling.WayIn(way_in.address, way_in.agent, way_in.keyring)
-    counts = sweep(os.path.abspath(str(state)), override)
+    state = _checked_state(os.path.abspath(str(given)), "sweep")
+    if state is None:
+        return 0  # an agent's state folder not made yet: nothing to mend
+    counts = sweep(state, override)
     return 1 if counts["failed"] else 0
 
 
@@ -351,11 +354,15 @@ AGENT_PARTS = ("Files", "Config", "Agent", "State")  # an agent's folder holds t
 
 
 def _state_folder(argv: list[str], command: str) -> str | None:
-    """--state, checked before anything is stopped or removed: an agent's
-    folder given for its state folder is refused (`remove` would delete the
-    agent's files), and so is a folder that does not exist, unless it is the
-    state folder of an agent's folder (removed already: None, nothing to do)."""
-    state = _state_flag(argv, command)
+    """--state, checked before anything is stopped or removed (`_checked_state`)."""
+    return _checked_state(_state_flag(argv, command), command)
+
+
+def _checked_state(state: str, command: str) -> str | None:
+    """An agent's folder given for its state folder is refused (`remove`
+    would delete the agent's files), and so is a folder that does not exist,
+    unless it is the state folder of an agent's folder (removed already, or
+    not made yet: None, nothing to do)."""
     if any(os.path.isdir(os.path.join(state, part)) for part in AGENT_PARTS):
         raise LinkRunError(f"{state} is an agent's folder, not its state folder",
                            f"give its state folder: lnk-link-run {command} --state {os.path.join(state, 'State')}")

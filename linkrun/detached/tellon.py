@@ -56,9 +56,11 @@ class LineTeller:
         self.delay = 1.0
         self.dirty = False
         self.every = told_lines.every()
+        self.output: OutputFile | None = None
 
     def attach(self, output: OutputFile) -> None:
         """Follow the output file from its first byte."""
+        self.output = output  # its total is the message's bytes
         output.scan = self.scan
         self.scan.new_file(output.fd, output.kept_from)
 
@@ -124,7 +126,7 @@ class LineTeller:
             if now >= self.next_try:
                 self._send(self.record["lines_batch"])
         elif told_lines.pending(self.record) and self._since_told() >= self.every:
-            self._send(told_lines.seal(self.record))
+            self._send(told_lines.seal(self.record, self.output.total if self.output is not None else None))
 
     def _since_told(self) -> float:
         told_at = self.record.get("lines_told_at")

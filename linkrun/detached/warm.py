@@ -182,7 +182,10 @@ def serve_forks(state: str) -> int:
     warm_up()
 
     serve_end = socket.socket(fileno=0)
-    serve_end.send(READY)
+    try:
+        serve_end.send(READY)
+    except OSError:
+        return 0  # serve ended while we booted
     ahead: socket.socket | None = None  # our end of the supervisor forked ahead, waiting for a start
     quiet = True  # forking ahead is tried in the next quiet moment; after a failure, only at a start
     while True:

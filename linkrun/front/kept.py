@@ -256,9 +256,11 @@ class Kept:
     def look(self, kept_id: object, meta: dict[str, Any]) -> Look:
         """The item's file, open, as a Look (the caller closes it); Refused as an unknown id when it is not
         this conversation's, expired, or of the wrong form (never touching the disk for the last)."""
-        from ..detached.background import UNKNOWN
+        from ..units import format_duration
 
-        unknown = Refused(UNKNOWN.format(id=kept_id))
+        unknown = Refused(f"no kept output of this conversation's has id {kept_id!r}",
+                          f"give the id that one of its command answers named, within "
+                          f"{format_duration(self.settings.keep_for)} of that call")
         thread = self.owner(meta)
         if thread is None or not is_kept_id(kept_id):
             raise unknown

@@ -16,6 +16,10 @@ from .command_answer import limits_sentence
 from ..units import describe_size, format_duration
 
 
+# What a call can reach: the hosts are the proxy's to check (read at its start, not at initialize).
+INTERNET_THROUGH_PROXY = ("A call reaches the internet only through the agent's proxy, to the hosts the user "
+                          "allowed; any other is refused, and the answer says which.")
+NO_INTERNET = "A call has no internet: its sandbox's network is its own, and no other host can be reached."
 # How a background command's end reaches the model, in the instructions and start's description.
 TOLD_WITHOUT_WAY_IN = (
     "Nothing tells you when it ends here: use list, and read with wait (at most 30 s a call), to learn how it "
@@ -66,6 +70,8 @@ class Offer:
         if s.write:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
                          "the rest is read-only, and chats/ and background/ are never writable.")
+        if self.sandbox.real:  # a pass-through sandbox has the host's network, and says nothing of it
+            lines.append(INTERNET_THROUGH_PROXY if s.proxy else NO_INTERNET)
         if self.sandbox.holding is not None:
             background = s.background.timeout if self.offers_start and s.background is not None else None
             lines.append(limits_sentence(self.sandbox.holding, background))

@@ -185,6 +185,13 @@ class Tools:
             result.structured["notes"] = list(result.notes)
         return result
 
+    def _where_ids_come_from(self) -> str:
+        """What a tool that takes an id says when it is missing: where this serve's ids come from."""
+        if self.background is None:
+            return "give the id that a command's answer named for its output"
+        started = "give the id that start answered (list shows this conversation's commands)"
+        return f"{started}, or the one a command's answer named for its output" if self.kept is not None else started
+
     def _answer(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
         try:
             if name == "command":
@@ -198,6 +205,8 @@ class Tools:
     def _background(self, name: str, arguments: dict[str, object], context: CallContext) -> ToolResult:
         from . import background_tools as answers
 
+        if "id" in self.table[name]["inputSchema"].get("required", ()) and "id" not in arguments:
+            raise Refused("id is missing", self._where_ids_come_from())
         if name == "read":  # of a background command, or of a call's kept output (reading.py)
             return answers.read(arguments, context, self.settings, self.background, self.kept)
         background = self.background

@@ -72,14 +72,15 @@ def pending(record: Record) -> bool:
     return bool(record.get("lines_batch") or record.get("lines_gathered") or record.get("lines_more"))
 
 
-def seal(record: Record) -> LinesBatch | None:
-    """The message to send: the sealed one, else the gathered lines sealed now (None: nothing to tell).
+def seal(record: Record, written: int | None = None) -> LinesBatch | None:
+    """The message to send: the sealed one, else the gathered lines sealed now (None: nothing to tell),
+    with the bytes `written` so far (none given: the record's, which is whole only at the end).
     The caller writes the record before sending it."""
     if record.get("lines_batch"):
         return record["lines_batch"]
     if not record.get("lines_gathered") and not record.get("lines_more"):
         return None
-    total = record.get("bytes") or 0
+    total = written if written is not None else record.get("bytes") or 0
     batch: LinesBatch = {"n": (record.get("lines_sent") or 0) + 1, "lines": record.get("lines_gathered") or [],
              "more": record.get("lines_more") or 0, "state": record["state"], "bytes": total,
              "seconds": round(max(0.0, records.now() - record["started"]), 3)}

@@ -108,13 +108,16 @@ MIN_TASKS = 16  # the sandbox itself takes a few: the joining shell, bwrap, its 
 
 
 def _memory(value: object, source: str) -> str:
-    """`[limits] memory`: a size, or a share of this machine's memory ("25%")."""
+    """`[limits] memory`: a size, or a share of this machine's memory ("25%"); a bad one names both forms."""
+    both = 'write a size such as "4G", or a share from "1%" to "100%"'
     if isinstance(value, str) and value.endswith("%"):
         if value[:-1].isdigit() and 0 < int(value[:-1]) <= 100:
             return value
-        raise LinkRunError(f"{source}: [limits] memory {value!r} is not a share of the memory",
-                           'write a size such as "4G", or a share from "1%" to "100%"')
-    _size(value, source, "[limits] memory")
+        raise LinkRunError(f"{source}: [limits] memory {value!r} is not a share of the memory", both)
+    try:
+        _size(value, source, "[limits] memory")
+    except LinkRunError as error:
+        raise LinkRunError(error.message, both) from None
     return str(value)
 
 

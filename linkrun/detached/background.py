@@ -244,9 +244,11 @@ class Background:
         assert b.agent is not None and b.keyring is not None  # config gives both with every way in
         try:
             read_key(b.keyring, b.agent)
-        except LinkRunError as problem:
-            logger.warning(f"{problem.message}: the ends of background commands cannot be told through the way in "
-                           f"until it is mended; {problem.hint}")
+        except (LinkRunError, OSError) as problem:  # never the sweeps' end: they run whatever the key
+            what, fix = ((problem.message, problem.hint) if isinstance(problem, LinkRunError) else
+                         (f"the agent's key in {b.keyring} cannot be read ({problem})", "check the disk"))
+            logger.warning(f"{what}: the ends of background commands cannot be told through the way in "
+                           f"until it is mended; {fix}")
 
     def run_sweep(self) -> None:
         if not os.path.isdir(self.state):

@@ -232,6 +232,24 @@ def test_doctor_before_the_first_up_fails_where_the_agents_folder_cannot_be_made
     assert "FAIL the agent's folder /lnk-no-such-place/agent cannot be made: / may not be written" in done.stdout
 
 
+def test_doctor_in_an_agents_folder_made_read_only_names_what_it_cannot_write(who):
+    run, folder = who
+    agent = folder / "agent"
+    assert run("up", "--agent", str(agent), "--no-way-in").returncode == 0
+    if os.access("/", os.W_OK) and os.stat(folder).st_uid == os.geteuid():
+        pytest.skip("whoever may write / writes a read-only folder too: the user variant shows it")
+    paths = [agent, *(path for path in agent.rglob("*") if not path.is_symlink())]  # as chmod -R a-w
+    for path in paths:
+        path.chmod(path.stat().st_mode & ~0o222)
+    try:
+        done = run("doctor", "--agent", str(agent))
+    finally:
+        for path in paths:
+            path.chmod(path.stat().st_mode | 0o200)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert f"FAIL cannot write the agent's state folder {agent / 'State'}" in done.stdout, done.stdout
+
+
 def test_up_whose_agents_folder_cannot_be_made_says_why_and_what_to_do(who):
     """A folder where the agent's cannot be made (below a file; below / for a
     user) is one line naming it, the reason and the fix, never a traceback."""

@@ -200,6 +200,18 @@ def test_without_a_cgroup_a_fork_flood_stops_at_its_task_limit_counted_in_its_ow
     assert value["limits"]["tasks"] == {"at_most": 32, "holds": "per call"}
 
 
+THREADS = ("import threading, time\n"
+           "for _ in range(100):\n    threading.Thread(target=time.sleep, args=(5,), daemon=True).start()")
+
+
+def test_without_a_cgroup_a_thread_flood_at_its_task_limit_is_named_as_a_fork_flood_is(as_user):
+    up = as_user("tasks = 32")
+    result = up.command("python3", "-c", THREADS)
+    value = result["structuredContent"]
+    assert "can't start new thread" in value["errors"], text_of(result)
+    assert value["limit"] == "tasks", text_of(result)
+
+
 def test_without_a_cgroup_a_spinner_past_its_cpu_time_is_killed_and_the_answer_says_so(as_user):
     up = as_user('cpu = "1%"')  # 1% of a core over the longest call (2m): 2 s of CPU time a process
     result = up.command("python3", "-c", SPIN)

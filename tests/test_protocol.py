@@ -426,6 +426,14 @@ def test_J3_an_unparseable_line_is_a_parse_error_and_the_server_reads_on(legacy)
     assert legacy.process.poll() is None
 
 
+def test_J3_an_integer_id_past_64_bits_is_refused_saying_the_range(legacy):
+    legacy.send_raw(b'{"jsonrpc":"2.0","id":18446744073709551616,"method":"ping"}\n')  # 2**64
+    assert error_of(legacy.wait_response(None))["message"] == (
+        "the id must be a string or an integer of 64 bits at most (-2**63 to 2**64-1)")
+    legacy.send_raw(b'{"jsonrpc":"2.0","id":18446744073709551615,"method":"ping"}\n')  # 2**64 - 1
+    assert legacy.wait_response(18446744073709551615)["result"] == {}
+
+
 def test_J3_a_lone_surrogate_is_refused_by_the_requests_own_id_naming_where_it_is(legacy):
     """JSON's grammar allows "\ud800"; UTF-8 cannot carry it, and orjson refuses the line."""
     def check(case):

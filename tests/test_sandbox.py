@@ -309,3 +309,12 @@ def test_a_sandbox_runs_in_the_files_folder_and_prints_its_argv(box):
     assert f"--chdir {box.files} --seccomp " in printed.stdout
     assert printed.stdout.endswith(" -- /usr/bin/sh\n")
     assert f" {box.files}/data " in printed.stdout and f" {box.files}/work " in printed.stdout
+
+
+def test_a_sandbox_file_that_is_not_toml_names_where_its_form_is_shown(tmp_path):
+    bad = tmp_path / "sandbox.toml"
+    bad.write_text("[commands\nallow = [sh]\n")
+    with pytest.raises(LinkRunError) as refused:
+        sandbox.load(str(bad))
+    assert refused.value.message.startswith(f"the sandbox file {bad} is not valid TOML")
+    assert "README's \"Use it from an MCP client\"" in refused.value.hint and "Config/sandbox.toml" in refused.value.hint

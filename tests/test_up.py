@@ -179,6 +179,21 @@ def test_doctor_runs_every_check_and_says_what_to_do(box):
     assert "     → " in refused.stdout
 
 
+def test_up_names_the_programs_its_sandbox_file_adds_that_this_machine_lacks(tmp_path, servers):
+    require_sandbox()
+    box = Agent(tmp_path, '[commands]\nallow = ["sh", "nosuchprog", "/opt/nothing/bin/x"]\n')
+    server = servers(SERVER + ["up", "--agent", str(box.root), "--sandbox", str(box.file)], env=box.env)
+    server.initialize()
+    assert server.close() == 0
+    said = server.stderr.decode()
+    assert ("the sandbox file allows nosuchprog, /opt/nothing/bin/x, which this machine does not have: "
+            "they are not offered") in said, said
+    plain = servers(SERVER + ["up", "--agent", str(tmp_path / "plain")], env=box.env)
+    plain.initialize()
+    assert plain.close() == 0
+    assert "which this machine does not have" not in plain.stderr.decode()  # the embedded list's absent ones: no news
+
+
 def test_up_with_no_arguments_gives_a_working_sandboxed_server(box, servers):
     server = servers(SERVER + ["up"], env=box.env)
     server.initialize()

@@ -77,7 +77,7 @@ def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: st
     from ..sandboxing import etcview, probe
 
     folder = agent.locate(root)
-    etcview.ensure(folder.state)
+    etcview.made_current(folder.state)
     probe.probe(fixed, folder, write, seccomp)
 
 

@@ -61,7 +61,9 @@ class Checks:
         except LinkRunError as problem:
             self.failure = problem
         except Exception as problem:  # a bug of ours: still fail closed
-            self.failure = LinkRunError(f"the sandbox's checks failed: {problem!r}", "run lnk-link-run doctor")
+            from ..invocation import typed
+
+            self.failure = LinkRunError(f"the sandbox's checks failed: {problem!r}", f"run {typed('doctor')}")
         if self.failure is not None:
             # As `up` says it when it cannot start: one line, naming the fix.
             logger.error(str(self.failure))

@@ -191,7 +191,8 @@ class Session:
                 self._notification(method, params)
             return None
         if request_id is None:
-            return error(None, INVALID_REQUEST, "the id must be a string or an integer")
+            return error(None, INVALID_REQUEST,
+                         "the id must be a string or an integer of 64 bits at most (-2**63 to 2**64-1)")
         if not isinstance(params, dict):
             return error(request_id, INVALID_PARAMS, "params must be an object")
         try:

@@ -118,6 +118,6 @@ def _running(background: Background, record: Record) -> Record:
 
 def _no_input(record: Record) -> LinkRunError:
     if record["state"] not in records.RUNNING_STATES:
-        return Refused(f"{record['id']} has ended ({how_it_ended(record)}): it takes no more input",
+        return Refused(f"{record['id']} has ended, {how_it_ended(record)}: it takes no more input",
                        "start it again to talk to a new one")
     return Refused(f"{record['id']} is ending: it takes no more input", "list shows how it ended")

@@ -163,6 +163,20 @@ def ensure(state: str, etc: str = ETC) -> None:
         _make_current(state, etc, lock)
 
 
+def made_current(state: str) -> None:
+    """`ensure` for up's checks, doctor and `sandbox`: a folder it cannot write
+    (an agent's folder made read-only, a full disk) said as what to mend."""
+    try:
+        ensure(state)
+    except OSError as error:
+        from ..errors import LinkRunError
+
+        where = f" ({error.filename})" if error.filename else ""
+        raise LinkRunError(f"cannot write the agent's state folder {state}{where}: {error.strerror or error}",
+                           "the agent's folder must be writable by the user the agent runs as: make it so "
+                           "(chmod -R u+w), or give another --agent") from None
+
+
 def _make_current(state: str, etc: str, lock: int) -> None:  # under ETC_LOCK, `lock` its descriptor
     os.utime(lock)  # checked now
     looked_at = time.time_ns()

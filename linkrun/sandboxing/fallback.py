@@ -56,7 +56,8 @@ PER_CALL, PER_PROCESS, NOT_HELD = "per call", "per process", "no"
 _SIGNS = {
     "memory": (b"MemoryError", b"Cannot allocate memory", b"out of memory", b"Out of memory",
                b"allocation failed", b"bad_alloc", b"memory exhausted"),
-    "tasks": (b"Resource temporarily unavailable", b"Cannot fork", b"can't fork", b"fork: retry"),
+    "tasks": (b"Resource temporarily unavailable", b"Cannot fork", b"can't fork", b"fork: retry",
+              b"can't start new thread", b"unable to create native thread", b"failed to spawn thread"),
 }
 
 

@@ -162,7 +162,8 @@ def load(path: str | None) -> SandboxFile:
                            "give a readable file") from None
     except tomllib.TOMLDecodeError as error:
         raise LinkRunError(f"the sandbox file {path} is not valid TOML: {error}",
-                           "fix it (see the example in the docs)") from None
+                           "fix it: README's \"Use it from an MCP client\" shows the file's form, and the first "
+                           "up writes the defaults in force, commented, into the agent's Config/sandbox.toml") from None
     return parse(data, path)
 
 
@@ -369,7 +370,7 @@ def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mappi
     kept, the fixed argv, and (unless not `etc_view`: up's checks do it) the /etc view it binds made current."""
     host = host if host is not None else host_facts()
     if etc_view:
-        etcview.ensure(folder.state)
+        etcview.made_current(folder.state)
     kept = programs(sandbox.allow, host, folder)
     places = agent_folder.protected(folder, keyring or agent_folder.default_keyring(environ), environ)
     return fixed_argv(folder, sandbox, host, kept.folders, places), kept, host

@@ -216,6 +216,21 @@ def test_in_the_sandbox_a_tty_command_has_a_terminal_of_its_own_and_ctrl_c_reach
     assert "exit 7" in up.read(shell)[1]
 
 
+def test_stop_of_a_tty_command_gives_its_program_the_sigterm_and_keeps_what_it_said(up_as):
+    up = up_as
+    command_id = up_start(up, "sh", "-c", "trap 'echo got TERM; exit 0' TERM; echo up; while :; do sleep 0.1; done",
+                          tty=True)
+    wait_for(lambda: "up\r\n" in up.read_all(command_id), what="the program in its loop")
+    stopped = up.server.call("stop", {"id": command_id}, meta=UP_META, timeout=60)
+    assert not stopped.get("isError"), text_of(stopped)
+    up.wait_ended(command_id)
+    printed = up.read_all(command_id)
+    # The program's own session on its terminal got the TERM, not the terminal's keeper (util-linux script),
+    # whose SIGTERM handler keeps what the program then says and kills it after two seconds.
+    assert "got TERM\r\n" in printed and "Session terminated" not in printed, printed
+    assert f"{command_id} · stopped (exit 0) ·" in printed, printed  # its trap's exit, not a kill
+
+
 def test_the_instructions_and_starts_input_point_a_prompt_to_start_tty_and_write(servers, files, state):
     server = servers(background_argv(files, state))
     instructions = server.initialize()["instructions"]

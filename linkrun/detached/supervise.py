@@ -34,7 +34,7 @@ from collections.abc import Callable
 from .. import logger
 from ..state import layout, records
 from ..state.records import AGENT_STOPPING, State, Told
-from ..processes.child import boottime, kill_group, program_session
+from ..processes.child import boottime, kill_group, program_session, terminal_session
 from ..units import signal_name
 from ..errors import LinkRunError
 from ..processes.group import Leader, Stage, Watch
@@ -354,8 +354,11 @@ class Supervisor:
             pass
 
     def terminate(self, gate_pid: int) -> None:
-        """SIGTERM to the program's own session inside the sandbox, else to the gate's group."""
+        """SIGTERM to the program's own session inside the sandbox (on its terminal, with tty), else to the
+        gate's group."""
         program = program_session(gate_pid) if "--new-session" in self.record["argv"] else None
+        if program is not None and self.record.get("tty"):
+            program = terminal_session(program) or program
         kill_group(program if program is not None else gate_pid, signal.SIGTERM)
 
     def stop_state(self) -> StateName:

@@ -42,6 +42,31 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
         return False
 
 
+def terminal_session(session: int) -> int | None:
+    """The session a `tty` command's program runs in on its terminal, or None:
+    its terminal's keeper (util-linux script, in `session` under bwrap's
+    init) runs it in a session of its own, the first one met below. A SIGTERM
+    to `session` would reach the keeper alone, which kills the program two
+    seconds later and keeps nothing the program says meanwhile."""
+    below = [session]
+    for _ in range(3):  # bwrap's init, the keeper, the program
+        found = []
+        for pid in below:
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    found += [int(child) for child in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        for child in found:
+            try:
+                if os.getsid(child) != session:
+                    return os.getsid(child)
+            except OSError:
+                continue
+        below = found
+    return None
+
+
 def program_session(gate: int) -> int | None:
     """The session a background command's program runs in inside its sandbox (bwrap's --new-session), or
     None; `gate` is the gate's pid, which exec'd the outer bwrap.

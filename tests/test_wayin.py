@@ -45,6 +45,23 @@ def test_a_unix_socket_way_in_is_told(way_ins, keyring, short_dir):
     assert not socket_path.exists()  # it removes its socket on the way out
 
 
+def test_sigterm_while_messages_are_in_flight_ends_it_at_once_with_exit_0(way_ins, keyring):
+    """The TERM may reach any of its threads; the handlers' last lines are written before it exits."""
+    import threading
+
+    for _ in range(8):
+        way_in = way_ins()
+        senders = [threading.Thread(target=wayin.send, args=(way_in.address, AGENT, str(keyring),
+                                                             message(id=f"{n:016d}")))
+                   for n in range(12)]
+        for sender in senders:
+            sender.start()
+        wait_for(lambda w=way_in: w.out, what="a first message delivered", interval=0.001)
+        assert way_in.stop() == 0, way_in.err[-5:]
+        for sender in senders:
+            sender.join()
+
+
 def test_a_repeated_from_is_answered_but_delivered_once(way_ins, keyring):
     way_in = way_ins()
     first = message()

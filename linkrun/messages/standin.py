@@ -120,23 +120,28 @@ def main_listen(argv: list[str]) -> int:
     server = _make_server(options)
     kind, where, path = options["address"]
     shown = f"unix:{where}" if kind == "unix" else f"http://127.0.0.1:{server.server_address[1]}{path}"
-    # The signal handlers only record; the main thread shuts the server down.
-    stopping = server.stopping
-    previous = {number: signal.signal(number, lambda *_: stopping.set())
-                for number in (signal.SIGTERM, signal.SIGINT)}
+    # TERM and INT wait, blocked, for the main thread's sigwait: a handler would
+    # run only when the main thread wakes, and the kernel may hand either to a
+    # thread of the server's instead, which wakes nobody. The threads started
+    # below inherit the block.
+    ending = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ending)
     serving = threading.Thread(target=server.serve_forever, name="way-in", daemon=True)
     try:
         serving.start()
         logger.info(f"listening on {shown}")
-        stopping.wait()
+        signal.sigwait(ending)
     finally:
-        stopping.set()
+        server.stopping.set()
         server.shutdown()
+        server.wait_handled(HANDLED_WAIT)  # their last lines written before the interpreter's end
         server.server_close()
         server.remove_socket()
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     return 0
+
+
+HANDLED_WAIT = 5.0  # seconds the end waits for the messages being handled
 
 
 def _make_server(options: dict[str, Any]) -> TcpServer:
@@ -162,7 +167,27 @@ class TcpServer(ThreadingHTTPServer):
         self.print_lock = threading.Lock()
         self.seen: set[tuple[str, str]] = set()
         self.seen_lock = threading.Lock()
+        self.handling = 0  # requests whose threads have not ended
+        self.handled = threading.Condition()
         super().__init__(self.bind_address(), WayInHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.handled:
+            self.handling += 1
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.handled:
+                self.handling -= 1
+                self.handled.notify_all()
+
+    def wait_handled(self, timeout: float) -> None:
+        """Until every request taken has been answered, or `timeout` seconds."""
+        with self.handled:
+            self.handled.wait_for(lambda: self.handling == 0, timeout)
 
     def bind_address(self) -> Any:  # a (host, port) for TCP, a path for the Unix socket
         return ("127.0.0.1", self.options["address"][1])

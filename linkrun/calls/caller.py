@@ -271,8 +271,9 @@ def limit_warnings(held: Holding, place: Place) -> list[str]:
     def held_how(name: str) -> str:
         return how[name] if name in held.by_rlimit else "does not hold"
 
-    # tasks through its rlimit holds for the call as a cgroup would (doctor: "ok"): nothing to mend.
+    from ..sandboxing.fallback import PER_CALL  # loaded already: `held` is its
+
+    # A limit that holds for the call (a cgroup's; tasks through its rlimit, doctor's "ok") needs no fix.
     return [f"the per-call {names[controller]} limit {held_how(names[controller])} here "
             f"({place.missing.get(controller, 'no cgroup')}): run {typed('doctor')} for the fix"
-            for controller in held.limits.controllers()
-            if names[controller] not in held.by_cgroup and not (controller == "pids" and "tasks" in held.by_rlimit)]
+            for controller in held.limits.controllers() if held.holds(names[controller]) != PER_CALL]

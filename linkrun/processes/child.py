@@ -59,10 +59,11 @@ def terminal_session(session: int) -> int | None:
                 continue
         for child in found:
             try:
-                if os.getsid(child) != session:
-                    return os.getsid(child)
+                inner = os.getsid(child)
             except OSError:
                 continue
+            if inner != session:
+                return inner
         below = found
     return None
 

@@ -63,12 +63,13 @@ def cores(cpu: int) -> str:
     return "1 core's worth" if cpu == 100 else f"{cpu / 100:g} cores' worth"
 
 
-def killed_by_note(status: object) -> str:
+def killed_by_note(status: object, sure: bool = False) -> str:
     """For an exit status of 128+N where N names a signal, what a shell's status means:
-    " (128+9: the program may have been killed by SIGKILL)"; else ""."""
+    " (128+9: the program may have been killed by SIGKILL)", "was killed" when the
+    limit that bit says so (`sure`); else ""."""
     if not isinstance(status, int) or not 128 < status < 128 + 65:
         return ""
     name = signal_name(status - 128)
     if not name.startswith("SIG"):
         return ""
-    return f" (128+{status - 128}: the program may have been killed by {name})"
+    return f" (128+{status - 128}: the program {'was' if sure else 'may have been'} killed by {name})"

@@ -189,6 +189,31 @@ def test_without_a_cgroup_a_memory_hog_fails_to_allocate_past_its_limit_and_the_
     assert "[it likely reached its memory limit of 64M a process: an allocation failed" in text_of(result)
 
 
+def test_without_a_cgroup_a_memory_hog_whose_errors_go_to_its_output_is_named_too(as_user):
+    # `2>&1`, as agents often write it: the signs are in the output, the errors stream is empty.
+    up = as_user('memory = "64M"')
+    result = up.command("sh", "-c", 'exec python3 -c "$0" 256 2>&1', HOG)
+    value = result["structuredContent"]
+    assert "MemoryError" in value["output"] and not value["errors"], text_of(result)
+    assert value["limit"] == "memory", text_of(result)
+    assert "[it likely reached its memory limit of 64M a process: an allocation failed" in text_of(result)
+
+
+def test_without_a_cgroup_a_background_memory_hog_is_named_in_list_and_its_message(as_user):
+    # A background command's output is one stream, in a file: the signs are looked for in its end.
+    up = as_user('memory = "64M"')
+    hog = up.start("python3", "-c", HOG, "256")
+    up.wait_ended(hog)
+    listed = up.server.call("list", {}, meta=META)
+    entry = next(e for e in listed["structuredContent"]["commands"] if e["id"] == hog)
+    assert entry["limit"] == "memory", entry
+    # Not killed, as a cgroup's out-of-memory killer would: its allocation was refused, and it ended itself.
+    assert f"{hog} · exited (exit 1), an allocation refused at its memory limit" in text_of(listed)
+    record = orjson.loads((up.state / f"{hog}.json").read_bytes())
+    assert "exited with status 1; it likely reached its memory limit, and an allocation was refused" in \
+        told.told_text(record, b"")
+
+
 def test_without_a_cgroup_a_fork_flood_stops_at_its_task_limit_counted_in_its_own_namespace(as_user):
     up = as_user("tasks = 32")
     result = up.command("python3", "-c", FLOOD)
@@ -220,6 +245,7 @@ def test_without_a_cgroup_a_spinner_past_its_cpu_time_is_killed_and_the_answer_s
     assert value["limit"] == "cpu", text_of(result)
     assert value["limits"]["cpu"] == {"at_most": 1, "holds": "per process"}
     assert "[it reached its CPU time of 2 s a process: the kernel killed it with SIGXCPU]" in text_of(result)
+    assert "(128+24: the program was killed by SIGXCPU)" in text_of(result)  # not "may have been": the limit says
 
 
 def test_without_a_cgroup_a_background_spinner_past_its_cpu_time_is_killed_and_list_read_and_told_say_so(as_user):

@@ -32,6 +32,12 @@ def test_the_start_is_shown_as_local_iso_8601_to_the_second():
 @pytest.mark.parametrize("changes, says", [
     ({"exit": None, "signal": "SIGKILL"}, "was killed by SIGKILL; it ran"),
     ({"exit": 137}, "exited with status 137 (128+9: the program may have been killed by SIGKILL)"),
+    # The limit that bit says what killed it: no "may have been".
+    ({"exit": 137, "limit": "memory"}, "exited with status 137 (128+9: the program was killed by SIGKILL); it reached "
+     "its memory limit, and the out-of-memory killer killed it"),
+    ({"exit": 152, "limit": "cpu"}, "exited with status 152 (128+24: the program was killed by SIGXCPU); it used up"),
+    ({"exit": 1, "limit": "memory"}, "exited with status 1; it likely reached its memory limit, and an allocation "
+     "was refused"),
     ({"state": "timed out", "exit": None, "signal": "SIGKILL", "timeout": 120}, "timed out after 2m;"),
     ({"state": "stopped", "exit": None, "signal": "SIGTERM"}, "was stopped; it ran 4.25 s"),
     ({"state": "lost", "exit": None, "ended": 1_700_000_125.0},

@@ -209,6 +209,13 @@ class OutputFile:
         self.fd, self.inode, self.kept_from, self.size = new_fd, inode, kept_from, keep
         return True
 
+    def last(self, size: int) -> bytes:
+        """The last `size` bytes written that the current file still holds (before `finish`)."""
+        try:
+            return os.pread(self.fd, size, max(0, self.size - size))
+        except OSError:
+            return b""
+
     def finish(self) -> None:
         """At the end, cut once more: the last `cap` bytes are kept, never more
         (on a full disk, more rather than none). After a full disk the file

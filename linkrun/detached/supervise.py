@@ -317,15 +317,16 @@ class Supervisor:
         for note in launch.git_notes:
             logger.warning(f"git check: {note}")
         os.close(gate.out_r)
+        from ..sandboxing.fallback import bitten_at_end  # limits no cgroup holds: signs in the output's end
+
+        by_rlimit = bitten_at_end(launch.holding, watch.exit, watch.signal, output.last)
         output.finish()
         if self.teller is not None:
             self.teller.finish()
         # The reason given to watch.stop (a state of ours), or its own "timed out".
         ending = next((state for state in records.ENDED_STATES if state == watch.ending), None)
-        if self.record.get("limit") is None and launch.holding is not None and launch.holding.by_rlimit:
-            from ..sandboxing.fallback import bitten  # its output is a file, not looked into: cpu alone is told
-
-            self.record["limit"] = bitten(launch.holding, watch.exit, watch.signal, b"")
+        if self.record.get("limit") is None:
+            self.record["limit"] = by_rlimit
         if ending is None and self.signalled is not None:
             ending = State.LOST
         return self.finish(ending or State.EXITED, watch.exit, watch.signal)
@@ -445,3 +446,4 @@ class Supervisor:
         if self.watching.ident is None:
             return 0.25  # never started: the command did not run
         return None if self.poll_every == WATCH_PENDING else self.poll_every
+

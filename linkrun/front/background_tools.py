@@ -36,7 +36,8 @@ _ENTRY = {
         "bytes": {"type": "integer"},
         "started": {"type": "string"},
         "told": {"type": "string", "enum": list(records.TO_TELL + records.SETTLED)},
-        "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed), '
+        "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed; where '
+                          'no cgroup holds memory, an allocation was refused), '
                           '"tasks" (a fork was refused at its task limit), "cpu" (it used up its CPU time, '
                           'an rlimit where no cgroup holds the cap), or null.'),
         "waiting": {"type": "boolean", "description": "Whether it is blocked reading its input (or terminal), "

@@ -92,6 +92,9 @@ def _refused_write(outcome: Outcome) -> bool:
     return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
 
 
+KILLING = ("cpu", "memory")  # limits that end a program with a signal: SIGXCPU, the out-of-memory killer's SIGKILL
+
+
 def _ending(outcome: Outcome, timeout: float, can_start: bool) -> str:
     seconds = f"{outcome.seconds:.2f} s"
     if outcome.timed_out:
@@ -99,7 +102,7 @@ def _ending(outcome: Outcome, timeout: float, can_start: bool) -> str:
         return f"killed by SIGKILL: timed out after {format_duration(timeout)} ({seconds}); {advice}"
     if outcome.signal is not None:
         return f"killed by {signal_name(outcome.signal)} · {seconds}"
-    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit)
+    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit, sure=outcome.limit in KILLING)
 
 
 def _stream_text(label: str, capture: Capture, kept_id: str | None, cap: int) -> list[str]:

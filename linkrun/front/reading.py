@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outread import ReadChunk
 from ..errors import Refused
+from ..state.records import limit_words
 from .kept import Kept, is_kept_id
 from .results import ToolResult
 from .waiting import MAX_WAIT, wait_seconds
@@ -133,8 +134,8 @@ def show_waiting(result: ToolResult, state: str, record: Shown) -> None:
         result.add_note(WAITING)
 
 
-LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "tasks": ", a fork refused at its task limit",
-                 "cpu": ", killed at its CPU time (SIGXCPU)"}
+LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "allocation": ", an allocation refused at its memory limit",
+                 "tasks": ", a fork refused at its task limit", "cpu": ", killed at its CPU time (SIGXCPU)"}
 
 
 def how_it_ended(record: Shown | dict[str, Any]) -> str:
@@ -145,7 +146,7 @@ def how_it_ended(record: Shown | dict[str, Any]) -> str:
         how += f" (exit {record['exit']})"
     elif record.get("signal"):
         how += f" ({record['signal']})"
-    return how + LIMIT_ENDINGS.get(record.get("limit") or "", "")
+    return how + LIMIT_ENDINGS.get(limit_words(record), "")
 
 
 def read_answer(chunk: ReadChunk, asked: int | None, cap: int, state: str | None) -> ToolResult:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..state.records import State
+from ..state.records import State, limit_words
 from ..units import elapsed, format_duration, killed_by_note, local_time
 
 TYPE_CHECKING = False
@@ -73,9 +73,10 @@ def _nonce() -> str:
 
 def _ending(record: Record) -> str:
     limit = {"memory": "; it reached its memory limit, and the out-of-memory killer killed it",
+             "allocation": "; it likely reached its memory limit, and an allocation was refused",
              "tasks": "; it reached its task limit, and a fork or a new thread was refused",
              "cpu": "; it used up its CPU time, and the kernel killed it with SIGXCPU"}
-    return _state_ending(record) + limit.get(record.get("limit") or "", "")
+    return _state_ending(record) + limit.get(limit_words(record), "")
 
 
 def _state_ending(record: Record) -> str:
@@ -84,7 +85,7 @@ def _state_ending(record: Record) -> str:
         if record.get("signal"):
             return f"was killed by {record['signal']}"
         status = record.get("exit")
-        return f"exited with status {status}" + killed_by_note(status)
+        return f"exited with status {status}" + killed_by_note(status, sure=limit_words(record) in ("cpu", "memory"))
     if state == State.TIMED_OUT:
         return f"timed out after {format_duration(record['timeout'])}"
     if state == State.STOPPED:

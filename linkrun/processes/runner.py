@@ -203,6 +203,8 @@ class Runner:
                 from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
 
                 errors = bytes(outcome.errors.head + outcome.errors.tail)
+                if not errors:  # `2>&1`: what it said of a refusal is in its output
+                    errors = bytes(outcome.output.head + outcome.output.tail)
                 outcome.limit = bitten(launch.holding, outcome.exit, outcome.signal, errors)
             return outcome
         finally:

@@ -37,6 +37,7 @@ import os
 import resource
 import signal
 from typing import NamedTuple
+from collections.abc import Callable
 
 from ..config import CONTROLLERS, Limits
 
@@ -50,9 +51,10 @@ NPROC_BY_NAMESPACE = (5, 14)  # the first Linux that counts RLIMIT_NPROC per use
 # How a limit holds, as the answer's structured value says it.
 PER_CALL, PER_PROCESS, NOT_HELD = "per call", "per process", "no"
 
-# What a program prints when its allocation or its fork was refused (looked
-# for in the kept start and end of its errors only: cheap, and enough to say
-# which limit it likely met).
+# What a program prints when its allocation or its fork was refused, looked
+# for in the kept start and end of its errors (of its output when its errors
+# are empty: `2>&1`), or in the last SIGNS_IN bytes of a background
+# command's one stream: cheap, and enough to say which limit it likely met.
 _SIGNS = {
     "memory": (b"MemoryError", b"Cannot allocate memory", b"out of memory", b"Out of memory",
                b"allocation failed", b"bad_alloc", b"memory exhausted"),
@@ -60,6 +62,8 @@ _SIGNS = {
               b"can't start new thread", b"unable to create native thread", b"failed to spawn thread"),
 }
 
+
+SIGNS_IN = 16384
 
 _RESOURCES = {"memory": resource.RLIMIT_DATA, "tasks": resource.RLIMIT_NPROC}
 
@@ -173,3 +177,12 @@ def bitten(held: Holding, exit_status: int | None, signal_number: int | None, er
         if name in held.by_rlimit and any(sign in errors for sign in _SIGNS[name]):
             return name
     return None
+
+
+def bitten_at_end(held: Holding | None, exit_status: int | None, signal_number: int | None,
+                  last: Callable[[int], bytes]) -> str | None:
+    """`bitten`, for a background command: its output is one stream, in a
+    file, whose `last` SIGNS_IN bytes hold what a refusal printed."""
+    if held is None or not held.by_rlimit:
+        return None
+    return bitten(held, exit_status, signal_number, last(SIGNS_IN))

@@ -399,3 +399,12 @@ def write_stop(state: str, command_id: str, reason: str) -> None:
 
 def now() -> float:
     return time.time()
+
+
+def limit_words(record: Shown | dict[str, object]) -> str:
+    """Which words say the limit it ended on: its `limit`, but "allocation"
+    for a memory limit that did not kill it (no cgroup holds memory there:
+    an allocation was refused, and the program ended of itself), "" for none."""
+    limit = record.get("limit") or ""
+    killed = record.get("signal") == "SIGKILL" or record.get("exit") == 128 + 9  # 128+9: SIGKILL, through bwrap
+    return "allocation" if limit == "memory" and not killed else str(limit)

@@ -106,6 +106,20 @@ def test_a_host_not_named_gets_the_403_and_is_named_in_that_calls_answer_only(tm
     assert server.close() == 0
 
 
+def test_an_allowed_host_that_cannot_be_reached_is_named_with_why_in_that_calls_answer(tmp_path, up_server):
+    with socket.socket() as sock:  # a port where nothing listens
+        sock.bind(("127.0.0.2", 0))
+        port = sock.getsockname()[1]
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{port}")
+    server = up_server(box)
+    text = sh(server, status(f"http://127.0.0.2:{port}/x"))
+    assert "502\nexit 0" in text, text
+    assert (f"[the agent's proxy could not reach 127.0.0.2:{port}, which the sandbox file allows: the connection "
+            "was refused (nothing listens on that port)]") in text, text
+    assert "refused 127.0.0.2" not in text  # allowed: not named among the refused
+    assert server.close() == 0
+
+
 def test_a_direct_connection_and_the_hosts_loopback_are_out_of_reach(tmp_path, site, host_service, up_server):
     box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
     server = up_server(box)

@@ -123,6 +123,25 @@ def test_a_host_not_named_gets_a_403_naming_the_allowed_hosts_and_is_recorded(si
     assert internet.refused(state, time.time() + 60) == []
 
 
+def closed_port(address: str = "127.0.0.2") -> int:
+    """A port on `address` where nothing listens: bound, then let go."""
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def test_an_allowed_host_that_cannot_be_reached_gets_a_502_saying_why_and_is_logged_apart(run_proxy):
+    port = closed_port()
+    state = run_proxy(f"127.0.0.2:{port}")
+    since = time.time() - 1
+    reply = tunnel_get(state, "127.0.0.2", port)
+    assert reply.startswith(b"HTTP/1.1 502"), reply
+    assert f"Link Run's proxy could not reach 127.0.0.2:{port}: the connection was refused".encode() in reply, reply
+    assert internet.unreachable(state, since) == {f"127.0.0.2:{port}": "the connection was refused (nothing "
+                                                  "listens on that port)"}
+    assert internet.refused(state, since) == []  # it was allowed: not a refusal
+
+
 def test_a_refusal_that_cannot_be_logged_still_gets_its_403_and_bad_requests_a_400(site, run_proxy):
     state = run_proxy("example.org")
     os.mkdir(os.path.join(state, layout.PROXY_REFUSED))  # the log cannot be written, as on a full disk

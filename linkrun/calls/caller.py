@@ -255,11 +255,11 @@ class Caller:
 
 
 def refusals(state: str, since: float, pid: int) -> str | None:
-    """The note on the hosts the agent's proxy refused the sandbox `pid` since `since`, or None."""
-    from ..network.internet import refused, refused_note
+    """The note on the hosts the agent's proxy refused the sandbox `pid` since
+    `since`, and on those it allowed and could not reach; or None."""
+    from ..network.internet import proxy_notes
 
-    hosts = refused(state, since, pid)
-    return refused_note(hosts, state) if hosts else None
+    return proxy_notes(state, since, pid)
 
 
 def limit_warnings(held: Holding, place: Place) -> list[str]:

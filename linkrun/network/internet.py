@@ -246,25 +246,59 @@ def refused(state: str, since: float, pid: int | None = None) -> list[str]:
     """The hosts (`host:port`) the proxy refused since `since` (unix seconds),
     each once, in order; with `pid`, only those asked from below that process
     (a call's sandbox), so calls running at once are told their own."""
+    return _refused(_logged(state, since, pid))
+
+
+def unreachable(state: str, since: float, pid: int | None = None) -> dict[str, str]:
+    """As `refused`, the hosts it allowed and could not reach, each with why (the last)."""
+    return _unreachable(_logged(state, since, pid))
+
+
+def proxy_notes(state: str, since: float, pid: int) -> str | None:
+    """The notes on the hosts the proxy refused the sandbox `pid` since
+    `since`, and on those it allowed and could not reach; None when neither."""
+    logged = _logged(state, since, pid)
+    hosts, unreached = _refused(logged), _unreachable(logged)
+    notes = ([refused_note(hosts, state)] if hosts else []) + ([unreachable_note(unreached)] if unreached else [])
+    return " ".join(notes) or None
+
+
+def _refused(logged: list[tuple[str, str]]) -> list[str]:
+    return list(dict.fromkeys(target for target, why in logged if not why))
+
+
+def _unreachable(logged: list[tuple[str, str]]) -> dict[str, str]:
+    return {target: why for target, why in logged if why}
+
+
+def _logged(state: str, since: float, pid: int | None) -> list[tuple[str, str]]:
+    """The proxy's log since `since`, asked from below `pid`: each target, and
+    why it was not reached where it was allowed ("" where it was refused)."""
     try:
         with open(os.path.join(state, layout.PROXY_REFUSED), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))  # the tail is enough
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:  # none logged, or the log cannot be read: the answer goes without the note
         return []
-    seen: list[str] = []
+    logged: list[tuple[str, str]] = []
     for line in lines:
-        fields = line.split(" ")
+        fields = line.split(" ", 3)
         try:
             when = float(fields[0])
         except ValueError:
             continue  # the first, cut line of the tail
-        if when < since or len(fields) < 2 or fields[1] in seen:
+        if when < since or len(fields) < 2:
             continue
         above = fields[2].split(",") if len(fields) > 2 and fields[2] else []
         if pid is None or not above or str(pid) in above:
-            seen.append(fields[1])
-    return seen
+            logged.append((fields[1], fields[3] if len(fields) > 3 else ""))
+    return logged
+
+
+def unreachable_note(unreached: dict[str, str]) -> str:
+    """The line a call's answer gets when allowed hosts could not be reached during it."""
+    each = "; ".join(f"{target}, which the sandbox file allows: {why}" for target, why in unreached.items())
+    return f"[the agent's proxy could not reach {each}]"
 
 
 def refused_note(hosts: list[str], state: str) -> str:

@@ -188,7 +188,7 @@ class Proxy:
         except PermissionError as why:
             return await self.refuse(writer, host, port, str(why), caller)
         except (TimeoutError, OSError) as problem:
-            return await self.answer(writer, 502, "Bad Gateway", f"cannot reach {host}:{port}: {problem}")
+            return await self.unreachable(writer, host, port, why_unreached(problem), caller)
         if method == "CONNECT":
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             await writer.drain()
@@ -242,17 +242,25 @@ class Proxy:
                           f"Link Run's proxy refused {target}: it {why}. The sandbox file's [internet] "
                           f"hosts allow: {self.rules.describe()} (without a port, only 80 and 443).")
 
-    def log_refusal(self, target: str, caller: int | None) -> None:
+    async def unreachable(self, writer: asyncio.StreamWriter, host: str, port: int, why: str,
+                          caller: int | None) -> None:
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.log_refusal(target, caller, why)
+        await self.answer(writer, 502, "Bad Gateway", f"Link Run's proxy could not reach {target}: {why}.")
+
+    def log_refusal(self, target: str, caller: int | None, unreached: str = "") -> None:
         """One line for serve and the supervisors: the time, the target, and
         the processes from `caller` up (a call's sandbox's init, then its
-        bwrap, ...), so each call is told only its own."""
+        bwrap, ...), so each call is told only its own; for an allowed target
+        that could not be reached, why, as the rest of the line."""
         above = peers.ancestors(caller)
+        line = f"{time.time():.3f} {target} {','.join(map(str, above))}" + (f" {unreached}" if unreached else "")
         try:
             if os.path.exists(self.refused_log) and os.path.getsize(self.refused_log) > REFUSED_MAX:
                 os.replace(self.refused_log, self.refused_log + ".old")  # readers need only the latest
             with open(self.refused_log, "a") as f:
-                f.write(f"{time.time():.3f} {target} {','.join(map(str, above))}\n")
-        except OSError as problem:  # a full disk: the program still gets its 403, the answer no note
+                f.write(line.replace("\n", " ") + "\n")
+        except OSError as problem:  # a full disk: the program still gets its answer, the call no note
             logger.warning(f"cannot log the refusal of {target}: {problem}")
 
     @staticmethod
@@ -261,6 +269,17 @@ class Proxy:
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
                      f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
         await writer.drain()
+
+
+def why_unreached(problem: BaseException) -> str:
+    """An allowed target's connection that failed, in words a model can act on."""
+    if isinstance(problem, ConnectionRefusedError):
+        return "the connection was refused (nothing listens on that port)"
+    if isinstance(problem, TimeoutError):
+        return f"no answer within {CONNECT_TIMEOUT:g} s"
+    if isinstance(problem, socket.gaierror):
+        return f"its name does not resolve ({problem.strerror})"
+    return problem.strerror if isinstance(problem, OSError) and problem.strerror else str(problem)
 
 
 async def tunnel(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,

@@ -216,6 +216,22 @@ def test_in_the_sandbox_a_tty_command_has_a_terminal_of_its_own_and_ctrl_c_reach
     assert "exit 7" in up.read(shell)[1]
 
 
+def test_a_python_prompt_on_a_terminal_is_seen_waiting_though_it_waits_in_select(up_as):
+    # Python's readline waits for its terminal in select() on it alone, not in a read.
+    up = up_as
+    session = up_start(up, "python3", "-q", tty=True)
+    wait_for(lambda: up.read(session)[0]["waiting"], what="the prompt to be seen waiting")
+    assert "42" in answered(up, session, up_write(up, id=session, text="print(6 * 7)\n", wait=10), "42\r\n")
+    wait_for(lambda: up.read(session)[0]["waiting"], what="the prompt to be seen waiting again")
+    # Waiting in select() on nothing, or on more than its input, is not waiting for it.
+    sleeper = up_start(up, "python3", "-c", "import select, sys; print('in', flush=True); "
+                       "select.select([], [], [], 60)", tty=True)
+    wait_for(lambda: "in\r\n" in up.read_all(sleeper), what="the sleeper to select")
+    assert up.read(sleeper)[0]["waiting"] is False
+    up_write(up, id=session, text="exit()\n", wait=0)
+    up.wait_ended(session)
+
+
 def test_stop_of_a_tty_command_gives_its_program_the_sigterm_and_keeps_what_it_said(up_as):
     up = up_as
     command_id = up_start(up, "sh", "-c", "trap 'echo got TERM; exit 0' TERM; echo up; while :; do sleep 0.1; done",

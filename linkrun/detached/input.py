@@ -41,6 +41,10 @@ HELD_MOST = 16  # connections held for the output after their write; more are le
 PENDING_MOST = 1024 * 1024  # bytes held for a program that does not read yet
 # What /proc/<pid>/wchan says of a process blocked reading a pipe or a terminal.
 READING = frozenset({"pipe_read", "anon_pipe_read", "pipe_wait", "pipe_wait_readable", "n_tty_read", "wait_woken"})
+# And of one asleep in select(), which a prompt may wait in (Python's readline does).
+SELECTING = ("do_select", "poll_schedule_timeout")
+# select and pselect6's numbers, by machine type: /proc/<pid>/syscall names the one a process sleeps in.
+SELECTS = {"x86_64": ("23", "270"), "aarch64": ("72",)}.get(os.uname().machine, ())
 
 
 def socket_path(state_fd: int, command_id: str) -> str:
@@ -250,9 +254,19 @@ def _reads(pid: int, pipe: str, tty: bool) -> bool:
         if link != pipe and not (tty and "pts/" in link):
             return False
         with open(f"/proc/{pid}/wchan") as f:
-            return f.read().strip() in READING
+            where = f.read().strip()
+        return where in READING or (where.startswith(SELECTING) and _selects_its_input_alone(pid))
     except OSError:
         return False
+
+
+def _selects_its_input_alone(pid: int) -> bool:
+    """Whether the process sleeps in a select() for reading on descriptor 0
+    alone: its count of descriptors 1, a read set, no write or error set."""
+    with open(f"/proc/{pid}/syscall") as f:
+        number, *args = f.read().split()
+    return number in SELECTS and len(args) >= 4 and int(args[0], 16) == 1 and int(args[1], 16) != 0 \
+        and int(args[2], 16) == 0 and int(args[3], 16) == 0
 
 
 def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, InputPort]:

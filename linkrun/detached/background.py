@@ -93,7 +93,9 @@ class Background:
         self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
         # Supervisors forked ready-imported; LNK_WARM_FORKS=0 boots each afresh (a fallback, and the baseline).
         warm = settings.programs and os.environ.get("LNK_WARM_FORKS") != "0"
-        self.warm = WarmForks(self.state) if warm else None
+        # Each supervisor forked ahead makes its sandbox ahead; LNK_SANDBOX_AHEAD=0 makes it at the start (the baseline).
+        ahead = self.sandbox_fields() if os.environ.get("LNK_SANDBOX_AHEAD") != "0" else None
+        self.warm = WarmForks(self.state, ahead) if warm else None
 
     def conversation(self, meta: dict[str, Any]) -> tuple[str, int]:
         return conversation(meta, self.b.way_in is not None)
@@ -182,12 +184,19 @@ class Background:
         if tty is not None:
             argv_tail = on_terminal(argv_tail, tty)
         return records.new_record(
-            command_id, argv=list(s.sandbox), write=list(s.write),
-            proxy=os.path.join(self.state, layout.PROXY_FOLDER) if s.proxy else None, seccomp=s.seccomp,
-            files=s.files, folder=request.folder, program=arguments["program"], args=list(request.args),
-            program_argv=argv_tail, timeout=b.timeout, output=s.output, background_output=b.output,
+            command_id, **self.sandbox_fields(), folder=request.folder, program=arguments["program"],
+            args=list(request.args), program_argv=argv_tail, output=s.output, background_output=b.output,
             keep=b.keep, way_in=b.way_in, agent=b.agent, keyring=b.keyring, thread=thread, hops=hops,
-            limits=s.limits.as_record() if s.limits is not None else None, tell_on=arguments.get("tell_on"), tty=tty)
+            tell_on=arguments.get("tell_on"), tty=tty)
+
+    def sandbox_fields(self) -> dict[str, Any]:
+        """The record's fields its sandbox is made from: the same for each
+        command of this serve, which its warm fork server makes sandboxes ahead
+        with (spareahead.FIELDS)."""
+        s = self.settings
+        return {"argv": list(s.sandbox), "write": list(s.write), "seccomp": s.seccomp, "files": s.files,
+                "proxy": os.path.join(self.state, layout.PROXY_FOLDER) if s.proxy else None, "timeout": self.b.timeout,
+                "limits": s.limits.as_record() if s.limits is not None else None}
 
     def spawn_supervisor(self, command_id: str, lock_fd: int) -> int:
         log = os.open(layout.path(self.state, command_id, layout.LOG),

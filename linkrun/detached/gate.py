@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # run as a script, the gate imports nothing of the package
     from collections.abc import Sequence
 
     from linkrun.detached.input import InputPort
+    from linkrun.detached.spareahead import MadeAhead
     from linkrun.sandboxing.launch import Launch
     from linkrun.state.records import Record
 
@@ -71,59 +72,142 @@ def gate(supervisor: int, control: int, env: "dict[str, str] | os._Environ[str]"
 
 
 class Gate:
-    """What step 3 makes, as the supervisor holds it for the steps after it."""
+    """What step 3 makes, as the supervisor holds it for the steps after it:
+    a gate waiting for `G`, or a sandbox made ahead waiting for its script."""
 
-    __slots__ = ("process", "leader", "launch", "control", "out_r")
+    __slots__ = ("process", "leader", "launch", "control", "out_r", "ahead", "script")
 
-    def __init__(self, process: "subprocess.Popen[bytes]", launch: "Launch", control: int, out_r: int) -> None:
+    def __init__(self, process: "subprocess.Popen[bytes]", launch: "Launch", control: int, out_r: int,
+                 ahead: "MadeAhead | None" = None, script: bytes = b"") -> None:
         from ..processes.group import Leader
 
         self.process = process
-        self.leader = Leader(process)  # the gate, watched; its sandbox_init may be set
-        self.leader.cgroup = launch.take_group()
+        if ahead is None:
+            self.leader = Leader(process)  # the gate, watched; its sandbox_init may be set
+            self.leader.cgroup = launch.take_group()
+        else:
+            self.leader = ahead.spare.leader  # its init and its group held since it was made
         self.launch = launch  # the sandbox's argv and descriptors; its info pipe until the end
-        self.control = control  # the gate's control pipe: `G` starts the program
+        self.control = control  # the gate's control pipe: `G` starts the program (-1 with a sandbox made ahead)
         self.out_r = out_r  # the program's output pipe
+        self.ahead = ahead  # the sandbox made ahead, which `script` starts the program in
+        self.script = script
+
+    def let_run(self) -> str | None:
+        """Step 5: `G`, or the script to the sandbox made ahead (its init held
+        and its limits set since); the sandbox's init held by the leader. None
+        once the program runs, else why nothing ran (and nothing will)."""
+        from ..errors import LinkRunError
+
+        if self.ahead is not None:
+            return None if self.ahead.hand_over(self.script) else \
+                "the sandbox made ahead ended before its loader took the program"
+        os.write(self.control, b"G")
+        os.close(self.control)
+        self.control = -1
+        try:
+            self.leader.sandbox_init = self.launch.init_pidfd()
+        except LinkRunError as problem:  # the program's limits could not be set: its init is killed
+            self.leader.kill()
+            return str(problem)
+        return None
+
+    @property
+    def running(self) -> "Launch":
+        """The launch whose sandbox runs the program (its init, its internet): the one made ahead, else ours."""
+        return self.ahead.spare.launch if self.ahead is not None else self.launch
 
     def let_go_of(self) -> None:
         """Before `G`: the gate reads end of file and exits, having run
-        nothing; waited for, and what step 3 opened closed (its cgroup is the caller's)."""
+        nothing (a sandbox made ahead is killed); waited for, and what step 3
+        opened closed (its cgroup is the caller's)."""
         if self.control >= 0:
             os.close(self.control)
             self.control = -1
-        self.process.wait()
-        self.leader.close()
-        self.launch.close()
+        if self.ahead is not None:
+            self.ahead.let_go()
+        else:
+            self.process.wait()
+            self.leader.close()
+        self.close_launch()
         os.close(self.out_r)
 
+    def close_launch(self) -> None:
+        """Once its sandbox ended: the launch closed (its git check), and a sandbox made ahead's."""
+        self.launch.close()
+        if self.ahead is not None:
+            self.ahead.spare.close()
 
-def make_gate(record: "Record", state: str, command_id: str, ahead: "Ahead | None" = None) -> "tuple[Gate, InputPort]":
+
+def make_gate(record: "Record", state: str, command_id: str, ahead: "Ahead | None" = None,
+              made: "MadeAhead | None" = None) -> "tuple[Gate, InputPort]":
     """Step 3, in the supervisor: the sandbox's launch prepared from the
     record, as serve prepares a call's (its cgroup made), and the gate spawned
     with its descriptors, the output pipe and the program's input (its port
     not yet listening): the gate itself only arms its death signal, waits for
     `G` and execs. Nothing of it is in the state or files folders. Raises
     OSError, or Refused for a link planted on its folders since start,
-    having closed what it made. The gate forked `ahead` is handed the launch
-    (closed here, whatever comes), else one is forked now."""
+    having closed what it made. The sandbox `made` ahead is taken when it
+    shows what the launch would (spareahead.py), else ended; the gate forked
+    `ahead` is handed the launch (closed here, whatever comes), else one is
+    forked now."""
     try:
+        if made is not None:
+            taken = _taken(record, state, command_id, made)
+            if taken is not None:
+                return taken
         return _made(record, state, command_id, ahead)
     finally:
         if ahead is not None:
             ahead.close()  # unused: it exits
 
 
-def _made(record: "Record", state: str, command_id: str, ahead: "Ahead | None") -> "tuple[Gate, InputPort]":
-    import math
+def _taken(record: "Record", state: str, command_id: str, made: "MadeAhead") -> "tuple[Gate, InputPort] | None":
+    """The sandbox made ahead, as the command's gate, when it shows what its
+    launch (made now, without a group of its own) would; else None, it ended
+    (and whatever kept it from being taken is met again as one is made now)."""
+    from ..state import layout
+    from .input import InputPort
 
-    from ..config import Limits
+    launch = None
+    try:
+        if not os.path.lexists(layout.path(state, command_id, layout.INPUT)):  # else its input is that file
+            launch = _prepared(record, grouped=False)
+            script = made.script_for(record, launch)  # its key read while what it binds is open
+            launch.handed_over()  # never spawned: what a child would be handed is not needed
+            if script is not None:
+                port = InputPort(state, command_id, bool(record.get("tty")), pipe=made.input_w)
+                gate = Gate(made.spare.leader.process, launch, -1, made.out_r, made, script)
+                made.input_w = made.out_r = -1  # the port's and the gate's now
+                return gate, port
+    except Exception:  # noqa: BLE001 - a sandbox made now meets it again, and says it
+        pass
+    made.end()
+    if launch is not None:
+        launch.close()
+    return None
+
+
+def _prepared(record: "Record", grouped: bool = True) -> "Launch":
+    """The record's launch, its folder opened beneath the files folder: Refused for a link planted since start."""
+    from ..sandboxing import beneath
+    from ..sandboxing.launch import Sandbox, prepare
+
+    files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.close(beneath.open_folder(files_fd, record["folder"]))
+        return prepare(Sandbox.of_record(record), record["program_argv"], record["folder"], files_fd, grouped=grouped)
+    finally:
+        os.close(files_fd)
+
+
+def _made(record: "Record", state: str, command_id: str, ahead: "Ahead | None") -> "tuple[Gate, InputPort]":
     from ..processes.group import grow_pipe
     from ..sandboxing import beneath
     from ..sandboxing.launch import Sandbox, prepare
     from .input import program_input
 
-    box = Sandbox(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
-                  record.get("seccomp"), Limits.of_record(record.get("limits")), longest=math.ceil(record["timeout"]))
+    box = Sandbox.of_record(record)
     files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         folder_fd = beneath.open_folder(files_fd, record["folder"])  # a link planted since start: refused
@@ -168,7 +252,7 @@ def armed(supervisor: int) -> bool:
 def _handed(ahead: "Ahead | None", launch: "Launch", stdin: int, out: int, control: int,
             folder: int) -> "subprocess.Popen[bytes]":
     """The gate ahead, given the launch; else (none, or gone) one spawned now, in the command's cgroup."""
-    if ahead is not None and threading.active_count() == 1:
+    if ahead is not None and ahead.socket is not None and threading.active_count() == 1:
         try:
             return ahead.hand(launch, stdin, out, control, folder)
         except OSError:

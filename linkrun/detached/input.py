@@ -55,13 +55,14 @@ def socket_path(state_fd: int, command_id: str) -> str:
 class InputPort:
     """The program's input pipe, its write end ours, and the socket serve writes to it through."""
 
-    def __init__(self, state: str, command_id: str, tty: bool = False, given: bool = False) -> None:
+    def __init__(self, state: str, command_id: str, tty: bool = False, given: bool = False, pipe: int = -1) -> None:
         self.tty = tty  # its program reads a terminal the sandbox made, fed from our pipe
         self.given = given  # its input was given at start, as a file: we only say so
-        self.read_end, self.write_end = (-1, -1) if given else os.pipe2(os.O_CLOEXEC)
+        # The pipe made here, or the write end of one whose read end the sandbox has (`pipe`: made ahead).
+        self.read_end, self.write_end = (-1, -1) if given else (-1, pipe) if pipe >= 0 else os.pipe2(os.O_CLOEXEC)
         if not given:
             os.set_blocking(self.write_end, False)
-        self.pipe = 0 if given else os.fstat(self.read_end).st_ino
+        self.pipe = 0 if given else os.fstat(self.write_end).st_ino
         self.state, self.command_id = state, command_id
         self.path = layout.path(state, command_id, SUFFIX)
         self.pending = bytearray()

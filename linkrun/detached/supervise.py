@@ -51,6 +51,7 @@ USAGE = "usage: lnk-link-run supervise <id> --state <dir> (started by serve, not
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # watchdog is loaded only by the watch thread (step 2)
     from ..state.records import Record, Rotated, StateName
+    from .spareahead import MadeAhead
     from watchdog.observers.api import BaseObserver
     from .tellon import LineTeller
 
@@ -66,12 +67,12 @@ def main(argv: list[str]) -> int:
 
 
 def supervise(command_id: str, state: str, how: str = "booted", go: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> int:
+              ahead: Ahead | None = None, made: MadeAhead | None = None) -> int:
     logger.start(f"supervise {command_id}")  # its stderr is its own log: never quiet
     if not records.ID.fullmatch(command_id):
         logger.error(f"{command_id!r} is not a command id")
         return 2
-    return Supervisor(command_id, os.path.abspath(state)).run(how, go, ahead)
+    return Supervisor(command_id, os.path.abspath(state)).run(how, go, ahead, made)
 
 
 class Supervisor:
@@ -92,28 +93,29 @@ class Supervisor:
         self.teller: LineTeller | None = None  # with a tell_on pattern: its lines told as they come
         self.port: InputPort | None = None  # its input's port: writes reach it there (step 3 makes it)
 
-    def run(self, how: str, go: Callable[[], bool] | None, ahead: Ahead | None = None) -> int:
+    def run(self, how: str, go: Callable[[], bool] | None, ahead: Ahead | None = None,
+            made_ahead: MadeAhead | None = None) -> int:
         """The steps; with `go` (a supervisor forked ahead), what is ours alone
         first, then nothing in the state or files folders before it says yes."""
-        record, made = self.ours_alone(ahead)
+        record, made = self.ours_alone(ahead, made_ahead)
         if go is not None and not go():
             if isinstance(made, Gate):
                 self.let_nothing_run(made)
             return 0  # serve never heard of us: nothing of the command is ours
-        logger.info(how)
+        logger.info(how + (", in its sandbox made ahead" if isinstance(made, Gate) and made.ahead else ""))
         if record is None:
             logger.error("no record: nothing to supervise")
             return 1
         return self.run_program(record, made)
 
-    def ours_alone(self, ahead: Ahead | None) -> tuple[Record | None, Gate | Exception | None]:
+    def ours_alone(self, ahead: Ahead | None, made_ahead: MadeAhead | None) -> tuple[Record | None, Gate | Exception | None]:
         """Steps 1 and 3 (before 2): the lock, the record read, the signals
         caught, and the gate (its sandbox prepared, its cgroup made, its
         input's pipe), from this (main) thread, whose death signal it follows.
         It waits for `G`, and nothing of it is in the state or files folders:
         a supervisor that gets no go lets it go, and leaves nothing. The gate,
-        or the problem that kept it from being made. The gate forked ahead, if
-        any, becomes it."""
+        or the problem that kept it from being made. The sandbox made ahead
+        or the gate forked ahead, if any, becomes it."""
         # 1. The lock, out of reach of what we run: fd 0 becomes /dev/null and
         # the lock moves to a close-on-exec descriptor. We never exec after this.
         self.lock_fd = os.dup(0)
@@ -137,10 +139,12 @@ class Supervisor:
         if record is None:
             if ahead is not None:
                 ahead.close()
+            if made_ahead is not None:
+                made_ahead.end()
         else:
             self.record = record
-            try:
-                made, self.port = make_gate(record, self.state, self.id, ahead)  # closes what it made when it fails
+            try:  # closes what it made when it fails
+                made, self.port = make_gate(record, self.state, self.id, ahead, made_ahead)
             except Exception as problem:  # OSError, or a link planted on its folders since start
                 made = problem
         return record, made
@@ -219,17 +223,12 @@ class Supervisor:
         self.save(record, synced=False)  # on a full state folder, the program waits for room to record it
         if os.path.exists(self.stop_path):
             return self.stop_state()
-        os.write(gate.control, b"G")
-        os.close(gate.control)
-        gate.control = -1
         began = boottime()
-        # The sandbox is ended through its init, and a sweep finds it in the record if we die.
-        try:
-            gate.leader.sandbox_init = launch.init_pidfd()
-        except LinkRunError as problem:  # the program's limits could not be set: its init is killed
-            logger.warning(f"nothing ran: {problem}")
-            gate.leader.kill()
+        nothing_ran = gate.let_run()  # the sandbox is ended through its init, and a sweep finds it in the record
+        if nothing_ran is not None:
+            logger.warning(f"nothing ran: {nothing_ran}")
             return State.FAILED_TO_START
+        launch = gate.running
         if launch.no_internet:
             logger.warning(f"no internet for this command: {launch.no_internet}")
         if launch.init_pid is not None:  # found with its pidfd
@@ -313,7 +312,7 @@ class Supervisor:
             self.port.close()  # it ended: a write is refused from now on (else at our exit)
         gate.process.wait()
         self.end_cgroup(gate.leader)
-        launch.close()  # with the git check: every process of the sandbox has ended
+        gate.close_launch()  # with the git check: every process of the sandbox has ended
         for note in launch.git_notes:
             logger.warning(f"git check: {note}")
         os.close(gate.out_r)

@@ -39,12 +39,16 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import logger
 from .gate import Ahead
 
-Supervise = Callable[[str, str, str, Callable[[], bool], Ahead], int]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .spareahead import MadeAhead
+
+Supervise = Callable[[str, str, str, Callable[[], bool], "Ahead | None", "MadeAhead | None"], int]
 
 WORD = "warm-fork"  # the server's word where a supervisor's is `supervise`: the same length
 PLACEHOLDER = "-" * 16  # where a supervisor's id is: the same length
@@ -54,6 +58,7 @@ GO = b"G"  # from the server to a supervisor: serve has its answer
 ANSWER_WAIT = 2.0  # seconds: a server slower than this to answer is taken for dead
 GIVE_UP = 3  # servers in a row that died before answering: then starts go the old way only
 ASK = 64  # the longest request: an id
+FIELDS_MOST = 1 << 20  # the longest fields serve sends: a sandbox's argv
 AHEAD_AFTER = 0.02  # seconds of quiet after a start before the next supervisor is forked ahead
 
 
@@ -61,8 +66,9 @@ class WarmForks:
     """serve's side: its one fork server, started ahead and replaced when it
     died. `spawn` never waits on one that is booting or gone."""
 
-    def __init__(self, state: str) -> None:
+    def __init__(self, state: str, fields: dict[str, object] | None = None) -> None:
         self.state = state
+        self.fields = fields  # what a sandbox made ahead is made from: serve's (spareahead.py)
         self.lock = threading.Lock()  # one request at a time on the socket
         self.process: subprocess.Popen[bytes] | None = None
         self.socket: socket.socket | None = None
@@ -117,6 +123,12 @@ class WarmForks:
             return
         finally:
             theirs.close()
+        try:
+            import orjson
+
+            ours.send(orjson.dumps(self.fields))  # the server's first read: `null` makes none ahead
+        except OSError:
+            pass  # it died already: its READY never comes, and it is replaced
         self.socket, self.ready = ours, False
 
     def _is_ready(self) -> bool:
@@ -181,16 +193,19 @@ def serve_forks(state: str) -> int:
 
     warm_up()
 
+    import orjson
+
     serve_end = socket.socket(fileno=0)
     try:
+        fields = orjson.loads(serve_end.recv(FIELDS_MOST))  # serve's first message
         serve_end.send(READY)
-    except OSError:
+    except (OSError, ValueError):
         return 0  # serve ended while we booted
     ahead: socket.socket | None = None  # our end of the supervisor forked ahead, waiting for a start
     quiet = True  # forking ahead is tried in the next quiet moment; after a failure, only at a start
     while True:
         if ahead is None and quiet and not select.select([serve_end], [], [], AHEAD_AFTER)[0]:
-            ahead = fork_ahead(serve_end, state, supervise)  # in a quiet moment, not beside a start's program
+            ahead = fork_ahead(serve_end, state, supervise, fields)  # in a quiet moment, not beside a start's program
             quiet = ahead is not None
             continue
         try:
@@ -203,7 +218,7 @@ def serve_forks(state: str) -> int:
             if len(fds) != 2 or not ID.fullmatch(message.decode(errors="replace")):
                 answered = answer(serve_end, 2)
             else:
-                answered = hand_over(serve_end, ahead, message.decode(), fds, state, supervise)
+                answered = hand_over(serve_end, ahead, message.decode(), fds, state, supervise, fields)
                 ahead, quiet = None, True
         finally:
             for fd in fds:
@@ -221,18 +236,19 @@ def warm_up() -> None:
     import orjson  # noqa: F401
     from .. import config  # noqa: F401
     from ..sandboxing import beneath, cgroups, etcview, fallback, gitcheck, initpid, launch, percall  # noqa: F401
-    from . import watch  # noqa: F401
+    from . import spareahead, watch  # noqa: F401
 
     cgroups.place()  # where groups are made, read once here for every supervisor forked (the same cgroup as ours)
 
 
-def fork_ahead(serve_end: socket.socket, state: str, supervise: Supervise) -> socket.socket | None:
+def fork_ahead(serve_end: socket.socket, state: str, supervise: Supervise,
+               fields: dict[str, Any] | None) -> socket.socket | None:
     """A supervisor forked ahead: in a session of its own, nobody's child that
     waits, it waits for a start on its own socketpair; None when the forks failed."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
-        wait_ahead(serve_end, ours, theirs, state, supervise)
+        wait_ahead(serve_end, ours, theirs, state, supervise, fields)
     theirs.close()
     _, status = os.waitpid(pid, 0)  # the intermediate, which exits once it forked
     if os.waitstatus_to_exitcode(status) != 0:
@@ -242,12 +258,12 @@ def fork_ahead(serve_end: socket.socket, state: str, supervise: Supervise) -> so
 
 
 def hand_over(serve_end: socket.socket, ahead: socket.socket | None, command_id: str, fds: list[int], state: str,
-              supervise: Supervise) -> bool:
+              supervise: Supervise, fields: dict[str, Any] | None) -> bool:
     """The start to the supervisor ahead (one forked now when none waits, or
     the one waiting died), serve answered, then the go: whether serve was
     answered. The supervisor ahead is used up (or closed) whatever comes."""
     for _ in range(2):
-        ahead = ahead or fork_ahead(serve_end, state, supervise)
+        ahead = ahead or fork_ahead(serve_end, state, supervise, None)  # none made ahead: it would only wait
         if ahead is None:
             break
         try:
@@ -277,7 +293,7 @@ def answer(serve_end: socket.socket, code: int) -> bool:
 
 
 def wait_ahead(serve_end: socket.socket, ours: socket.socket, theirs: socket.socket, state: str,
-               supervise: Supervise) -> NoReturn:
+               supervise: Supervise, fields: dict[str, Any] | None) -> NoReturn:
     """In the forked child: a session of its own, a second fork; then the
     supervisor waits for its start, and once it has one, becomes its
     supervisor, which waits for the go before it touches the state or files
@@ -294,10 +310,24 @@ def wait_ahead(serve_end: socket.socket, ours: socket.socket, theirs: socket.soc
         os.closerange(3, keep)
         os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
         os.chdir("/")
-        gate = Ahead()  # its gate, forked ahead too: a fork less on the way to the program
+        forked = Ahead()  # its gate, forked ahead too: a fork less on the way to the program
+        gate: Ahead | None = forked
+        made, how = None, FORKED  # its sandbox made ahead with serve's fields; its log's first line, after the go
+        if fields is not None:
+            from .spareahead import make as make_ahead
+
+            try:
+                made = make_ahead(fields, forked)
+            except Exception as problem:  # noqa: BLE001 - its sandbox is made at its start
+                how, gate = f"{FORKED}; its sandbox could not be made ahead ({problem!r}): made at its start", None
+            if made is not None:
+                gate = None  # it became the sandbox's bwrap
         message, fds, _, _ = socket.recv_fds(theirs, ASK, 2)
         if not message or len(fds) != 2:
-            gate.close()
+            if gate is not None:
+                gate.close()
+            if made is not None:
+                made.end()
             os._exit(0)  # the server ended before a start came
         command_id = message.decode()
         os.dup2(fds[0], 0)  # the lock, as starter.py's shell hands it over
@@ -313,7 +343,7 @@ def wait_ahead(serve_end: socket.socket, ours: socket.socket, theirs: socket.soc
                 except OSError:
                     return False
 
-        code = supervise(command_id, state, FORKED, go, gate)
+        code = supervise(command_id, state, how, go, gate, made)
     except BaseException:
         import traceback
 

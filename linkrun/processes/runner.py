@@ -386,7 +386,8 @@ class _Progress:
         if now - self.at >= PROGRESS_EVERY:
             total = self.output.total + self.errors.total
             if total != self.reported or now - self.sent >= PROGRESS_PACE:
-                self.report(round(now - self.started, 2), total)
+                # Cut, not rounded, to the hundredth: never more seconds than the answer's own.
+                self.report(int((now - self.started) * 100) / 100, total)
                 self.reported, self.sent = total, now
             self.at = now
         return self.at + PROGRESS_EVERY - now

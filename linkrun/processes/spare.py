@@ -113,7 +113,7 @@ class Spare:
     group: Group | None
     # /proc/<pid>/status of its bwrap and its init, opened as it is made (off
     # the call's path), each descriptor bound to that process (never to
-    # another given its pid later): read at its take (`_running`).
+    # another given its pid later): read at its take (`running`).
     statuses: tuple[str, ...] = field(init=False)
     held: HeldFiles = field(init=False, default_factory=HeldFiles)
 
@@ -127,6 +127,17 @@ class Spare:
         """Once its sandbox ended: what it holds let go."""
         self.held.close()
         self.launch.close()
+
+    def running(self) -> bool:
+        """Its bwrap and its init run still: neither pidfd is readable
+        (held, their pids are not another's yet), and neither has a SIGKILL
+        pending (sent from outside a moment ago: it has not ended yet, but will
+        as soon as it runs, and its sandbox with it). The loader's end is seen
+        at the hand-over, which waits for its word."""
+        held = [fd for fd in (self.leader.pidfd, self.leader.sandbox_init) if fd is not None]
+        if self.leader.pidfd is None or select.select(held, [], [], 0)[0]:
+            return False
+        return not any(_kill_pending(self.held.read(status)) for status in self.statuses)
 
     def hand_over(self, data: bytes, has_input: bool) -> bool:
         """The script written to the loader; True once the loader said it
@@ -153,18 +164,6 @@ class Spare:
 
 class NotNow(Exception):
     """No spare can be made now (the agent's proxy does not run, or did not listen in it): the next call's try again."""
-
-
-def _running(spare: Spare) -> bool:
-    """The spare's bwrap and its init run still: neither pidfd is readable
-    (held, their pids are not another's yet), and neither has a SIGKILL
-    pending (sent from outside a moment ago: it has not ended yet, but will
-    as soon as it runs, and its sandbox with it). The loader's end is seen
-    at the hand-over, which waits for its word."""
-    held = [fd for fd in (spare.leader.pidfd, spare.leader.sandbox_init) if fd is not None]
-    if spare.leader.pidfd is None or select.select(held, [], [], 0)[0]:
-        return False
-    return not any(_kill_pending(spare.held.read(status)) for status in spare.statuses)
 
 
 _SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in /proc's pending masks
@@ -238,13 +237,13 @@ class Spares:
             found = None
             while self._ready and found is None:
                 spare = self._ready.pop()
-                if spare.key == key and _running(spare):
+                if spare.key == key and spare.running():
                     found = spare
                 else:
                     stale.append(spare)
             if not self._ready:
                 self._lock.notify_all()  # a making that settles goes on now
-        if not all(_running(spare) for spare in stale):
+        if not all(spare.running() for spare in stale):
             self._failed()
         if stale:
             self._run(functools.partial(self._end_all, stale))

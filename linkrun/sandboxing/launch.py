@@ -53,7 +53,7 @@ import functools
 import os
 import resource
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..config import Limits
 from ..kernel import own_session_keyring
@@ -62,6 +62,8 @@ from .sandboxkey import shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # cgroups is loaded only by a launch with limits: serve's start need not pay for it
+    from typing import Any
+
     from .cgroups import Group, Place
     from .fallback import Holding
     from .etcwatch import EtcWatch
@@ -86,6 +88,14 @@ class Sandbox:
         self.longest = longest  # the most seconds a launch runs: the span of a cpu limit held by an rlimit
         self.place = place  # where cgroups can be made; None: where this process can make them
         self.groups = groups  # serve's calls' groups, a launch's taken there; None: each made afresh
+
+    @classmethod
+    def of_record(cls, record: Mapping[str, Any]) -> Sandbox:
+        """The sandbox a background command's record names (or serve's fields for one: spareahead.py)."""
+        import math
+
+        return cls(tuple(record["argv"]), record["files"], tuple(record["write"]), record["proxy"],
+                   record.get("seccomp"), Limits.of_record(record.get("limits")), longest=math.ceil(record["timeout"]))
 
     @functools.cached_property
     def holding(self) -> Holding | None:

@@ -1,0 +1,140 @@
+"""A background command's sandbox made ahead, by the supervisor forked ahead.
+
+bubblewrap's set-up (its namespaces, a mount per bind, its filter) took
+most of the way from `start`'s answer to the program: 4 ms on a quiet
+machine, 8 on a slow one, after the record named its group. So a
+supervisor forked ahead (warm.py), while it waits for its start, makes its
+command's sandbox as serve makes a spare for a call (processes/spare.py):
+its gate forked ahead is handed the launch of the loader at once, in a
+cgroup made for it, and the loader waits on its input for the script; its
+init's limits are set, as a launch's are, before the loader runs. What it
+needs to know of the sandbox, serve gives the warm fork server once
+(`Background.sandbox_fields`: the same for each of its commands).
+
+At its start the supervisor prepares the command's launch as before (its
+folder opened beneath the files folder, its git check) and takes the spare
+when a sandbox made now would show the same (`Launch.key`), for the same
+fields, with no input file given and a script short enough, and while it
+still runs: the record then names the spare's group, and the script is
+written where `G` would have been (the loader's ACK read before any
+output). Otherwise the spare ends, and the command gets the sandbox made
+for it, as before.
+
+Nothing runs before the record names its group: the loader is ours, and
+runs nothing but what it is handed after. A supervisor that dies leaves a
+loader that reads end of file and exits, in a sandbox that its bwrap's
+death signal ends; its empty cgroup is an orphan's (`cgroups.end_orphans`).
+Not for a sandbox with the internet: its listener is the proxy's of the
+moment, which may be gone by the start (a spare of serve's checks the
+proxy's generation; a supervisor has none to check).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..processes.spare import LOADER_TAIL, Spare, script
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..sandboxing.launch import Launch
+    from ..state.records import Record
+    from .gate import Ahead
+
+# The record's fields a sandbox is made from: serve's, the same for each of its commands.
+FIELDS = ("argv", "files", "write", "proxy", "seccomp", "limits", "timeout")
+
+
+class MadeAhead:
+    """The spare, the fields it was made with, and our ends of its pipes: its
+    input (the script, then the program's input) and its output."""
+
+    def __init__(self, spare: Spare, fields: dict[str, Any], input_w: int, out_r: int) -> None:
+        self.spare, self.fields, self.input_w, self.out_r = spare, fields, input_w, out_r
+
+    def script_for(self, record: Record, launch: Launch) -> bytes | None:
+        """The loader's script for the record's program (its input a pipe of
+        ours), when the spare shows what `launch`, made now for it, would:
+        the same fields, the same key, and it still runs; else None."""
+        if any(record.get(name) != self.fields.get(name) for name in FIELDS) or launch.key != self.spare.key:
+            return None
+        return script(list(record["program_argv"]), record["folder"], record["files"], True) \
+            if self.spare.running() else None
+
+    def hand_over(self, data: bytes) -> bool:
+        """The script to the loader, and its ACK read: `Spare.hand_over`."""
+        return self.spare.hand_over(data, True)
+
+    def let_go(self) -> None:
+        """Not run: killed with all it holds, and reaped; its group is the caller's to remove."""
+        self.spare.leader.kill()
+        self.spare.leader.process.wait()
+        self.spare.leader.close()
+        self.spare.close()
+        for fd in (self.input_w, self.out_r):
+            if fd >= 0:
+                os.close(fd)  # those not handed on to the input's port and the gate
+        self.input_w = self.out_r = -1
+
+    def end(self) -> None:
+        """Not taken: let go of, and its group removed."""
+        self.let_go()
+        if self.spare.group is not None:
+            self.spare.group.remove()
+
+
+def make(fields: dict[str, Any], gate: Ahead) -> MadeAhead | None:
+    """The sandbox for serve's `fields`, made by the gate forked ahead, which
+    becomes its bwrap at once; None, the gate left as it was, for a sandbox
+    with the internet or a pass-through. Raises what kept it from being made
+    (OSError when its bwrap ended before its init), the gate used up or
+    closed, and what it made ended."""
+    from ..processes.group import Leader, grow_pipe
+    from ..sandboxing.launch import Sandbox, prepare
+
+    box = Sandbox.of_record(fields)
+    if fields.get("proxy") or not box.real:
+        return None  # the gate is left as it is
+    files_fd = os.open(box.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    opened: list[int] = []
+    launch = None
+    try:
+        launch = prepare(box, LOADER_TAIL, "", files_fd, git_check=False)  # its command's launch looks
+        key = launch.key
+        input_r, input_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        control_r, control_w = os.pipe2(os.O_CLOEXEC)
+        opened += [input_r, input_w, out_r, out_w, control_r, control_w]
+        grow_pipe(out_r)
+        os.write(control_w, b"G")  # the loader is what waits: its sandbox is made at once
+        process = gate.hand(launch, input_r, out_w, control_r, files_fd)
+        launch.handed_over()
+        # Spare.hand_over's ends of the loader's pipes, which MadeAhead closes.
+        process.stdin = os.fdopen(input_w, "wb", buffering=0, closefd=False)
+        process.stdout = os.fdopen(out_r, "rb", buffering=0, closefd=False)
+        leader = Leader(process)
+        leader.cgroup = launch.take_group()
+        spare = Spare(key, launch, leader, leader.cgroup)
+        launch = None  # the spare's now
+    except BaseException:
+        gate.close()
+        if launch is not None:
+            launch.close()  # and its group, which nothing joined
+        for fd in opened:
+            os.close(fd)
+        raise
+    finally:
+        os.close(files_fd)
+    for fd in (input_r, out_w, control_r, control_w):
+        os.close(fd)  # the gate holds them
+    made = MadeAhead(spare, fields, input_w, out_r)
+    try:
+        leader.sandbox_init = spare.launch.init_pidfd()  # its limits set on its init, then the loader runs
+    except BaseException:
+        made.end()
+        raise
+    if leader.sandbox_init is None:
+        made.end()
+        raise OSError("its bwrap ended before its init")
+    return made

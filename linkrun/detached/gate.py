@@ -172,7 +172,7 @@ def _taken(record: "Record", state: str, command_id: str, made: "MadeAhead") -> 
     launch = None
     try:
         if not os.path.lexists(layout.path(state, command_id, layout.INPUT)):  # else its input is that file
-            launch = _prepared(record, grouped=False)
+            launch = _prepared(record)
             script = made.script_for(record, launch)  # its key read while what it binds is open
             launch.handed_over()  # never spawned: what a child would be handed is not needed
             if script is not None:
@@ -188,15 +188,16 @@ def _taken(record: "Record", state: str, command_id: str, made: "MadeAhead") -> 
     return None
 
 
-def _prepared(record: "Record", grouped: bool = True) -> "Launch":
-    """The record's launch, its folder opened beneath the files folder: Refused for a link planted since start."""
+def _prepared(record: "Record") -> "Launch":
+    """The record's launch, without a cgroup, its folder opened beneath the
+    files folder: Refused for a link planted since start."""
     from ..sandboxing import beneath
     from ..sandboxing.launch import Sandbox, prepare
 
     files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.close(beneath.open_folder(files_fd, record["folder"]))
-        return prepare(Sandbox.of_record(record), record["program_argv"], record["folder"], files_fd, grouped=grouped)
+        return prepare(Sandbox.of_record(record), record["program_argv"], record["folder"], files_fd, grouped=False)
     finally:
         os.close(files_fd)
 

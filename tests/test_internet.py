@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
+import signal
 import shlex
 import socket
 import socketserver
@@ -376,6 +378,44 @@ def test_the_proxy_outlives_serve_while_a_background_command_uses_it(tmp_path, s
         wait_for(lambda: not proxy_running(state), timeout=15, what="the proxy to exit after the last supervisor")
     finally:  # nothing left running, whatever the test found
         subprocess.run(SERVER + ["stop", "--state", str(state)], capture_output=True, timeout=30)
+
+
+def test_a_background_sandbox_made_ahead_has_the_internet_and_is_not_taken_once_its_proxy_ended(tmp_path, site,
+                                                                                                 up_server):
+    from test_spareahead import MADE_AHEAD, made_ahead
+
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box, "--no-way-in")
+    state = box.root / "State"
+    meta = {"link.local/thread": "conversation"}
+    fetch = status(f"http://127.0.0.2:{site}/ahead")
+
+    def started_and_ended(script: str) -> tuple[str, str]:
+        """A background command's output and its log, once it ended."""
+        started = server.call("start", {"program": "sh", "args": ["-c", script]}, meta=meta)
+        assert not started.get("isError"), text_of(started)
+        command_id = started["structuredContent"]["id"]
+        value = server.call("read", {"id": command_id, "wait": 30}, meta=meta)["structuredContent"]
+        while value["state"] in ("starting", "running"):
+            value = server.call("read", {"id": command_id, "offset": value["next"], "wait": 30},
+                                meta=meta)["structuredContent"]
+        output = server.call("read", {"id": command_id}, meta=meta)["structuredContent"]["text"]
+        return output, (state / f"{command_id}.log").read_text()
+
+    assert "200\nexit 0" in sh(server, fetch)  # a call: the proxy runs
+    wait_for(lambda: made_ahead(state), what="a sandbox made ahead, with the proxy listening in it")
+    output, log = started_and_ended(fetch)
+    assert output == "200\nexit 0\n" and MADE_AHEAD in log, (output, log)
+    wait_for(lambda: made_ahead(state), what="the next sandbox made ahead")
+    proxy = internet.answering(str(state))
+    assert proxy is not None
+    signal.pidfd_send_signal(proxy, signal.SIGKILL)  # its listener in the sandbox made ahead ends with it
+    wait_for(lambda: select.select([proxy], [], [], 0)[0], what="the proxy to end")
+    os.close(proxy)
+    assert "200\nexit 0" in sh(server, fetch)  # a call starts another
+    output, log = started_and_ended(fetch)
+    assert output == "200\nexit 0\n" and MADE_AHEAD not in log, (output, log)  # made at its start, with the new one
+    assert server.close() == 0
 
 
 class Route(socketserver.ThreadingTCPServer):

@@ -136,7 +136,7 @@ class Gate:
         """Once its sandbox ended: the launch closed (its git check), and a sandbox made ahead's."""
         self.launch.close()
         if self.ahead is not None:
-            self.ahead.spare.close()
+            self.ahead.close()
 
 
 def make_gate(record: "Record", state: str, command_id: str, ahead: "Ahead | None" = None,

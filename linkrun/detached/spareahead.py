@@ -24,21 +24,22 @@ Nothing runs before the record names its group: the loader is ours, and
 runs nothing but what it is handed after. A supervisor that dies leaves a
 loader that reads end of file and exits, in a sandbox that its bwrap's
 death signal ends; its empty cgroup is an orphan's (`cgroups.end_orphans`).
-Not for a sandbox with the internet: its listener is the proxy's of the
-moment, which may be gone by the start (a spare of serve's checks the
-proxy's generation; a supervisor has none to check).
+With the internet, the agent's proxy listens in it from its making, as
+in a call's spare: one is made only while the proxy answers, and taken
+only while that proxy runs (its pidfd), for its listener ends with it.
 """
 
 from __future__ import annotations
 
 import os
+import select
 from typing import Any
 
 from ..processes.spare import LOADER_TAIL, Spare, script
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..sandboxing.launch import Launch
+    from ..sandboxing.launch import Launch, Sandbox
     from ..state.records import Record
     from .gate import Ahead
 
@@ -50,8 +51,9 @@ class MadeAhead:
     """The spare, the fields it was made with, and our ends of its pipes: its
     input (the script, then the program's input) and its output."""
 
-    def __init__(self, spare: Spare, fields: dict[str, Any], input_w: int, out_r: int) -> None:
+    def __init__(self, spare: Spare, fields: dict[str, Any], input_w: int, out_r: int, proxy: int | None) -> None:
         self.spare, self.fields, self.input_w, self.out_r = spare, fields, input_w, out_r
+        self.proxy = proxy  # with the internet: a pidfd of the proxy that listens in it
 
     def script_for(self, record: Record, launch: Launch) -> bytes | None:
         """The loader's script for the record's program (its input a pipe of
@@ -59,6 +61,8 @@ class MadeAhead:
         the same fields, the same key, and it still runs; else None."""
         if any(record.get(name) != self.fields.get(name) for name in FIELDS) or launch.key != self.spare.key:
             return None
+        if self.proxy is not None and select.select([self.proxy], [], [], 0)[0]:
+            return None  # that proxy exited, and its listener in the sandbox with it
         return script(list(record["program_argv"]), record["folder"], record["files"], True) \
             if self.spare.running() else None
 
@@ -71,11 +75,18 @@ class MadeAhead:
         self.spare.leader.kill()
         self.spare.leader.process.wait()
         self.spare.leader.close()
-        self.spare.close()
+        self.close()
         for fd in (self.input_w, self.out_r):
             if fd >= 0:
                 os.close(fd)  # those not handed on to the input's port and the gate
         self.input_w = self.out_r = -1
+
+    def close(self) -> None:
+        """Once its sandbox ended: what it holds let go (`Spare.close`), and the proxy's pidfd."""
+        self.spare.close()
+        if self.proxy is not None:
+            os.close(self.proxy)
+            self.proxy = None
 
     def end(self) -> None:
         """Not taken: let go of, and its group removed."""
@@ -84,18 +95,45 @@ class MadeAhead:
             self.spare.group.remove()
 
 
-def make(fields: dict[str, Any], gate: Ahead) -> MadeAhead | None:
+def make(fields: dict[str, Any], gate: Ahead, state: str) -> MadeAhead | None:
     """The sandbox for serve's `fields`, made by the gate forked ahead, which
-    becomes its bwrap at once; None, the gate left as it was, for a sandbox
-    with the internet or a pass-through. Raises what kept it from being made
-    (OSError when its bwrap ended before its init), the gate used up or
-    closed, and what it made ended."""
-    from ..processes.group import Leader, grow_pipe
-    from ..sandboxing.launch import Sandbox, prepare
+    becomes its bwrap at once; None, the gate left as it was, for a
+    pass-through sandbox, or one with the internet while the agent's proxy
+    does not answer (a start starts it). Raises what kept it from being made
+    (OSError when its bwrap ended before its init, or the proxy did not
+    listen in it), the gate used up or closed, and what it made ended."""
+    from ..sandboxing.launch import Sandbox
 
     box = Sandbox.of_record(fields)
-    if fields.get("proxy") or not box.real:
+    proxy = None
+    if fields.get("proxy"):
+        from ..network.internet import answering
+
+        proxy = answering(state)
+    if not box.real or (fields.get("proxy") and proxy is None):
         return None  # the gate is left as it is
+    try:
+        made = _made(box, fields, gate, proxy)
+    except BaseException:
+        if proxy is not None:
+            os.close(proxy)
+        raise
+    try:
+        made.spare.leader.sandbox_init = made.spare.launch.init_pidfd()  # its limits set, its proxy listening
+    except BaseException:
+        made.end()
+        raise
+    if made.spare.leader.sandbox_init is None or made.spare.launch.no_internet is not None:
+        made.end()
+        raise OSError(made.spare.launch.no_internet or "its bwrap ended before its init")
+    return made
+
+
+def _made(box: Sandbox, fields: dict[str, Any], gate: Ahead, proxy: int | None) -> MadeAhead:
+    """The sandbox spawned, its loader held until its init's limits are set (`make`)."""
+    from ..processes.group import Leader, grow_pipe
+    from ..sandboxing.launch import prepare
+
     files_fd = os.open(box.files, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     opened: list[int] = []
     launch = None
@@ -128,13 +166,4 @@ def make(fields: dict[str, Any], gate: Ahead) -> MadeAhead | None:
         os.close(files_fd)
     for fd in (input_r, out_w, control_r, control_w):
         os.close(fd)  # the gate holds them
-    made = MadeAhead(spare, fields, input_w, out_r)
-    try:
-        leader.sandbox_init = spare.launch.init_pidfd()  # its limits set on its init, then the loader runs
-    except BaseException:
-        made.end()
-        raise
-    if leader.sandbox_init is None:
-        made.end()
-        raise OSError("its bwrap ended before its init")
-    return made
+    return MadeAhead(spare, fields, input_w, out_r, proxy)

@@ -445,4 +445,3 @@ class Supervisor:
         if self.watching.ident is None:
             return 0.25  # never started: the command did not run
         return None if self.poll_every == WATCH_PENDING else self.poll_every
-

@@ -317,7 +317,7 @@ def wait_ahead(serve_end: socket.socket, ours: socket.socket, theirs: socket.soc
             from .spareahead import make as make_ahead
 
             try:
-                made = make_ahead(fields, forked)
+                made = make_ahead(fields, forked, state)
             except Exception as problem:  # noqa: BLE001 - its sandbox is made at its start
                 how, gate = f"{FORKED}; its sandbox could not be made ahead ({problem!r}): made at its start", None
             if made is not None:

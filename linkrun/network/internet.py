@@ -160,6 +160,12 @@ class Users:
             self.fd = self.proxy = None
 
 
+def answering(state: str) -> int | None:
+    """A pidfd of the agent's proxy if one answers now (no start, no wait), else None."""
+    pid = _answers(socket_path(state))
+    return _watch(pid, socket_path(state)) if pid is not None else None
+
+
 def _answers(path: str) -> int | None:
     """The pid of the proxy listening at `path` (its socket's credentials), or None."""
     try:

@@ -18,6 +18,11 @@ forked then, when none waits), where they become its stdin and stderr as
 they would with the shell. The next one is forked once the server had
 AHEAD_AFTER of quiet, not beside the program just started.
 
+serve's first message to the server is the fields every record of its
+has for the sandbox (`null`: none); with them, a supervisor forked ahead
+in a quiet moment also makes its command's sandbox ahead, whose loader
+waits for the program (spareahead.py). One forked at a start makes it then.
+
 The supervisor prepares what is its alone at once (its record read, its
 sandbox's launch and cgroup, its input's pipe, its gate forked and
 waiting), while the server answers serve; then it waits for the server's
@@ -218,7 +223,7 @@ def serve_forks(state: str) -> int:
             if len(fds) != 2 or not ID.fullmatch(message.decode(errors="replace")):
                 answered = answer(serve_end, 2)
             else:
-                answered = hand_over(serve_end, ahead, message.decode(), fds, state, supervise, fields)
+                answered = hand_over(serve_end, ahead, message.decode(), fds, state, supervise)
                 ahead, quiet = None, True
         finally:
             for fd in fds:
@@ -258,12 +263,12 @@ def fork_ahead(serve_end: socket.socket, state: str, supervise: Supervise,
 
 
 def hand_over(serve_end: socket.socket, ahead: socket.socket | None, command_id: str, fds: list[int], state: str,
-              supervise: Supervise, fields: dict[str, Any] | None) -> bool:
+              supervise: Supervise) -> bool:
     """The start to the supervisor ahead (one forked now when none waits, or
     the one waiting died), serve answered, then the go: whether serve was
     answered. The supervisor ahead is used up (or closed) whatever comes."""
     for _ in range(2):
-        ahead = ahead or fork_ahead(serve_end, state, supervise, None)  # none made ahead: it would only wait
+        ahead = ahead or fork_ahead(serve_end, state, supervise, None)  # its sandbox made at once: no time to gain
         if ahead is None:
             break
         try:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from ahead_helpers import MADE_AHEAD, made_ahead
 from conftest import SERVER, require_sandbox, serve_argv, spare_ready, text_of, wait_for
 from sandbox_helpers import Agent
 from site_helpers import serve_site
@@ -382,8 +383,6 @@ def test_the_proxy_outlives_serve_while_a_background_command_uses_it(tmp_path, s
 
 def test_a_background_sandbox_made_ahead_has_the_internet_and_is_not_taken_once_its_proxy_ended(tmp_path, site,
                                                                                                  up_server):
-    from test_spareahead import MADE_AHEAD, made_ahead
-
     box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
     server = up_server(box, "--no-way-in")
     state = box.root / "State"

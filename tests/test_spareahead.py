@@ -8,42 +8,16 @@ from __future__ import annotations
 import os
 import signal
 
+from ahead_helpers import MADE_AHEAD, children, made_ahead
 from conftest import text_of, wait_for
 from up_harness import META, processes_with
 
 from linkrun.state import layout
 
-MADE_AHEAD = "in its sandbox made ahead"
 # What a program can see of its sandbox, but for what differs from one sandbox to the next, and
 # its CPU time (an rlimit where no cgroup holds the cap: over the longest run, a call's or a command's).
 PROBE = ("pwd; env | LC_ALL=C sort; ulimit -a | grep -v '^time'; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status; "
          "ls /")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found += [int(child) for child in f.read().split()]
-    return found
-
-
-def comm(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as f:
-        return f.read().strip()
-
-
-def made_ahead(state) -> tuple[int, int] | None:
-    """The supervisor forked ahead for this agent (its command line still the
-    warm fork server's) and the bwrap of its sandbox made ahead, once made."""
-    for pid in processes_with(f"warm-fork\0{'-' * 16}\0--state\0{state}\0"):
-        try:
-            sandbox = [child for child in children(pid) if comm(child) == "bwrap"]
-            if sandbox and children(sandbox[0]):  # its init runs: the sandbox is made
-                return pid, sandbox[0]
-        except OSError:
-            continue  # it ended, or started its command, while it was read
-    return None
 
 
 def log_of(up, command_id: str) -> str:

@@ -38,10 +38,27 @@ if TYPE_CHECKING:  # run as a script, the gate imports nothing of the package
     import socket
     from collections.abc import Sequence
 
+    from typing import Protocol
+
     from linkrun.detached.input import InputPort
-    from linkrun.detached.spareahead import MadeAhead
+    from linkrun.processes.group import Leader
     from linkrun.sandboxing.launch import Launch
     from linkrun.state.records import Record
+
+    class Waiting(Protocol):
+        """A sandbox made ahead, its loader waiting for the program, as a gate holds it (spareahead.MadeAhead)."""
+
+        @property
+        def leader(self) -> Leader: ...  # its bwrap, its init held, its group
+
+        @property
+        def launch(self) -> Launch: ...  # its own: its init, its internet
+
+        def hand_over(self, data: bytes) -> bool: ...  # the script; whether the loader took it
+
+        def let_go(self) -> None: ...  # killed, reaped, what it holds let go (not its group)
+
+        def close(self) -> None: ...  # once it ended: what it holds let go
 
 PR_SET_PDEATHSIG = 1
 HANDED_MOST = 1 << 20  # bytes of a launch handed to a gate forked ahead: more than a socket sends as one message
@@ -78,7 +95,7 @@ class Gate:
     __slots__ = ("process", "leader", "launch", "control", "out_r", "ahead", "script")
 
     def __init__(self, process: "subprocess.Popen[bytes]", launch: "Launch", control: int, out_r: int,
-                 ahead: "MadeAhead | None" = None, script: bytes = b"") -> None:
+                 ahead: "Waiting | None" = None, script: bytes = b"") -> None:
         from ..processes.group import Leader
 
         self.process = process
@@ -86,7 +103,7 @@ class Gate:
             self.leader = Leader(process)  # the gate, watched; its sandbox_init may be set
             self.leader.cgroup = launch.take_group()
         else:
-            self.leader = ahead.spare.leader  # its init and its group held since it was made
+            self.leader = ahead.leader  # its init and its group held since it was made
         self.launch = launch  # the sandbox's argv and descriptors; its info pipe until the end
         self.control = control  # the gate's control pipe: `G` starts the program (-1 with a sandbox made ahead)
         self.out_r = out_r  # the program's output pipe
@@ -115,7 +132,7 @@ class Gate:
     @property
     def running(self) -> "Launch":
         """The launch whose sandbox runs the program (its init, its internet): the one made ahead, else ours."""
-        return self.ahead.spare.launch if self.ahead is not None else self.launch
+        return self.ahead.launch if self.ahead is not None else self.launch
 
     def let_go_of(self) -> None:
         """Before `G`: the gate reads end of file and exits, having run
@@ -139,67 +156,21 @@ class Gate:
             self.ahead.close()
 
 
-def make_gate(record: "Record", state: str, command_id: str, ahead: "Ahead | None" = None,
-              made: "MadeAhead | None" = None) -> "tuple[Gate, InputPort]":
+def make_gate(record: "Record", state: str, command_id: str, ahead: "Ahead | None" = None) -> "tuple[Gate, InputPort]":
     """Step 3, in the supervisor: the sandbox's launch prepared from the
     record, as serve prepares a call's (its cgroup made), and the gate spawned
     with its descriptors, the output pipe and the program's input (its port
     not yet listening): the gate itself only arms its death signal, waits for
     `G` and execs. Nothing of it is in the state or files folders. Raises
     OSError, or Refused for a link planted on its folders since start,
-    having closed what it made. The sandbox `made` ahead is taken when it
-    shows what the launch would (spareahead.py), else ended; the gate forked
-    `ahead` is handed the launch (closed here, whatever comes), else one is
-    forked now."""
+    having closed what it made. The gate forked `ahead` is handed the launch
+    (closed here, whatever comes), else one is forked now. (A sandbox made
+    ahead is taken instead: spareahead.py.)"""
     try:
-        if made is not None:
-            taken = _taken(record, state, command_id, made)
-            if taken is not None:
-                return taken
         return _made(record, state, command_id, ahead)
     finally:
         if ahead is not None:
             ahead.close()  # unused: it exits
-
-
-def _taken(record: "Record", state: str, command_id: str, made: "MadeAhead") -> "tuple[Gate, InputPort] | None":
-    """The sandbox made ahead, as the command's gate, when it shows what its
-    launch (made now, without a group of its own) would; else None, it ended
-    (and whatever kept it from being taken is met again as one is made now)."""
-    from ..state import layout
-    from .input import InputPort
-
-    launch = None
-    try:
-        if not os.path.lexists(layout.path(state, command_id, layout.INPUT)):  # else its input is that file
-            launch = _prepared(record)
-            script = made.script_for(record, launch)  # its key read while what it binds is open
-            launch.handed_over()  # never spawned: what a child would be handed is not needed
-            if script is not None:
-                port = InputPort(state, command_id, bool(record.get("tty")), pipe=made.input_w)
-                gate = Gate(made.spare.leader.process, launch, -1, made.out_r, made, script)
-                made.input_w = made.out_r = -1  # the port's and the gate's now
-                return gate, port
-    except Exception:  # noqa: BLE001 - a sandbox made now meets it again, and says it
-        pass
-    made.end()
-    if launch is not None:
-        launch.close()
-    return None
-
-
-def _prepared(record: "Record") -> "Launch":
-    """The record's launch, without a cgroup, its folder opened beneath the
-    files folder: Refused for a link planted since start."""
-    from ..sandboxing import beneath
-    from ..sandboxing.launch import Sandbox, prepare
-
-    files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.close(beneath.open_folder(files_fd, record["folder"]))
-        return prepare(Sandbox.of_record(record), record["program_argv"], record["folder"], files_fd, grouped=False)
-    finally:
-        os.close(files_fd)
 
 
 def _made(record: "Record", state: str, command_id: str, ahead: "Ahead | None") -> "tuple[Gate, InputPort]":

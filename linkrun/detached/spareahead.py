@@ -39,9 +39,11 @@ from ..processes.spare import LOADER_TAIL, Spare, script
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..processes.group import Leader
     from ..sandboxing.launch import Launch, Sandbox
     from ..state.records import Record
-    from .gate import Ahead
+    from .gate import Ahead, Gate
+    from .input import InputPort
 
 # The record's fields a sandbox is made from: serve's, the same for each of its commands.
 FIELDS = ("argv", "files", "write", "proxy", "seccomp", "limits", "timeout")
@@ -65,6 +67,41 @@ class MadeAhead:
             return None  # that proxy exited, and its listener in the sandbox with it
         return script(list(record["program_argv"]), record["folder"], record["files"], True) \
             if self.spare.running() else None
+
+    @property
+    def leader(self) -> Leader:
+        return self.spare.leader
+
+    @property
+    def launch(self) -> Launch:
+        return self.spare.launch
+
+    def taken(self, record: Record, state: str, command_id: str) -> tuple[Gate, InputPort] | None:
+        """Step 3 for a supervisor with a sandbox made ahead: the sandbox as the
+        command's gate, when it shows what the command's launch (made now,
+        without a group of its own) would; else None, it ended (and whatever
+        kept it from being taken is met again as one is made now)."""
+        from ..state import layout
+        from .gate import Gate
+        from .input import InputPort
+
+        launch = None
+        try:
+            if not os.path.lexists(layout.path(state, command_id, layout.INPUT)):  # else its input is that file
+                launch = _prepared(record)
+                script = self.script_for(record, launch)  # its key read while what it binds is open
+                launch.handed_over()  # never spawned: what a child would be handed is not needed
+                if script is not None:
+                    port = InputPort(state, command_id, bool(record.get("tty")), pipe=self.input_w)
+                    gate = Gate(self.leader.process, launch, -1, self.out_r, self, script)
+                    self.input_w = self.out_r = -1  # the port's and the gate's now
+                    return gate, port
+        except Exception:  # noqa: BLE001 - a sandbox made now meets it again, and says it
+            pass
+        self.end()
+        if launch is not None:
+            launch.close()
+        return None
 
     def hand_over(self, data: bytes) -> bool:
         """The script to the loader, and its ACK read: `Spare.hand_over`."""
@@ -167,3 +204,17 @@ def _made(box: Sandbox, fields: dict[str, Any], gate: Ahead, proxy: int | None) 
     for fd in (input_r, out_w, control_r, control_w):
         os.close(fd)  # the gate holds them
     return MadeAhead(spare, fields, input_w, out_r, proxy)
+
+
+def _prepared(record: Record) -> Launch:
+    """The record's launch, without a cgroup, its folder opened beneath the
+    files folder: Refused for a link planted since start."""
+    from ..sandboxing import beneath
+    from ..sandboxing.launch import Sandbox, prepare
+
+    files_fd = os.open(record["files"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.close(beneath.open_folder(files_fd, record["folder"]))
+        return prepare(Sandbox.of_record(record), record["program_argv"], record["folder"], files_fd, grouped=False)
+    finally:
+        os.close(files_fd)

@@ -144,7 +144,8 @@ class Supervisor:
         else:
             self.record = record
             try:  # closes what it made when it fails
-                made, self.port = make_gate(record, self.state, self.id, ahead, made_ahead)
+                taken = made_ahead.taken(record, self.state, self.id) if made_ahead is not None else None
+                made, self.port = taken or make_gate(record, self.state, self.id, ahead)
             except Exception as problem:  # OSError, or a link planted on its folders since start
                 made = problem
         return record, made

@@ -119,8 +119,8 @@ def test_a_host_not_named_gets_a_403_naming_the_allowed_hosts_and_is_recorded(si
     reply = tunnel_get(state, "127.0.0.2", site)
     assert reply.startswith(b"HTTP/1.1 403")
     assert b"127.0.0.2:" in reply and b"allow: example.org" in reply
-    assert internet.refused(state, since) == [f"127.0.0.2:{site}"]
-    assert internet.refused(state, time.time() + 60) == []
+    assert internet.proxy_log(state, since) == [(f"127.0.0.2:{site}", "")]  # refused: no reason of the host's
+    assert internet.proxy_log(state, time.time() + 60) == []
 
 
 def closed_port(address: str = "127.0.0.2") -> int:
@@ -137,16 +137,16 @@ def test_an_allowed_host_that_cannot_be_reached_gets_a_502_saying_why_and_is_log
     reply = tunnel_get(state, "127.0.0.2", port)
     assert reply.startswith(b"HTTP/1.1 502"), reply
     assert f"Link Run's proxy could not reach 127.0.0.2:{port}: the connection was refused".encode() in reply, reply
-    assert internet.unreachable(state, since) == {f"127.0.0.2:{port}": "the connection was refused (nothing "
-                                                  "listens on that port)"}
-    assert internet.refused(state, since) == []  # it was allowed: not a refusal
+    # Allowed, so not a refusal: logged with why it was not reached.
+    assert internet.proxy_log(state, since) == [(f"127.0.0.2:{port}", "the connection was refused (nothing listens "
+                                                 "on that port)")]
 
 
 def test_a_refusal_that_cannot_be_logged_still_gets_its_403_and_bad_requests_a_400(site, run_proxy):
     state = run_proxy("example.org")
     os.mkdir(os.path.join(state, layout.PROXY_REFUSED))  # the log cannot be written, as on a full disk
     assert tunnel_get(state, "127.0.0.2", site).startswith(b"HTTP/1.1 403")
-    assert internet.refused(state, 0) == []
+    assert internet.proxy_log(state, 0) == []
     for request, says in ((b"NONSENSE\r\n\r\n", b"METHOD TARGET VERSION"),
                           (b"GET /relative HTTP/1.1\r\n\r\n", b"absolute http:// URL"),
                           (b"CONNECT example.org:https HTTP/1.1\r\n\r\n", b"cannot read a host and port")):
@@ -179,7 +179,7 @@ def test_star_refuses_an_ipv6_address_that_embeds_a_private_ipv4_without_trying_
     for address in EMBEDDED_PRIVATE:
         reply = tunnel_get(state, f"[{address}]", 80)
         assert reply.startswith(b"HTTP/1.1 403") and b"an address of this machine" in reply, (address, reply)
-    assert internet.refused(state, 0) == [f"[{address}]:80" for address in EMBEDDED_PRIVATE]
+    assert internet.proxy_log(state, 0) == [(f"[{address}]:80", "") for address in EMBEDDED_PRIVATE]
 
 
 def test_an_embedded_public_ipv4_is_public_and_a_site_local_or_local_nat64_address_is_not():

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import os
 import select
-from typing import Any
 
 from ..processes.spare import LOADER_TAIL, Spare, script
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..processes.group import Leader
     from ..sandboxing.launch import Launch, Sandbox
     from ..state.records import Record

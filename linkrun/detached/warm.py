@@ -44,13 +44,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import logger
 from .gate import Ahead
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from .spareahead import MadeAhead
 
 Supervise = Callable[[str, str, str, Callable[[], bool], "Ahead | None", "MadeAhead | None"], int]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..config import Serve
+from ..state.records import KILLING_LIMITS
 from ..units import cores, describe_size, format_duration, killed_by_note, signal_name
 
 if TYPE_CHECKING:  # the runner's types only: the instructions (offer.py) use this module before serve loads the runner
@@ -92,9 +93,6 @@ def _refused_write(outcome: Outcome) -> bool:
     return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
 
 
-KILLING = ("cpu", "memory")  # limits that end a program with a signal: SIGXCPU, the out-of-memory killer's SIGKILL
-
-
 def _ending(outcome: Outcome, timeout: float, can_start: bool) -> str:
     seconds = f"{outcome.seconds:.2f} s"
     if outcome.timed_out:
@@ -102,7 +100,7 @@ def _ending(outcome: Outcome, timeout: float, can_start: bool) -> str:
         return f"killed by SIGKILL: timed out after {format_duration(timeout)} ({seconds}); {advice}"
     if outcome.signal is not None:
         return f"killed by {signal_name(outcome.signal)} · {seconds}"
-    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit, sure=outcome.limit in KILLING)
+    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit, sure=outcome.limit in KILLING_LIMITS)
 
 
 def _stream_text(label: str, capture: Capture, kept_id: str | None, cap: int) -> list[str]:

@@ -65,8 +65,9 @@ _COMMAND_OUTPUT = {
         "output": {"type": "string", "description": f"What it printed on its output: {_SHOWN}."},
         "errors": {"type": "string", "description": f"What it printed on its errors: {_SHOWN}."},
         "limit": nullable("string", 'The limit that bit: "memory" when its out-of-memory killer killed (or, '
-                          'where an rlimit holds it, its errors, or its output when they are empty, show an allocation refused), "tasks" when a fork '
-                          'was refused at its task limit, "cpu" when it used up its CPU time (an rlimit), else null.'),
+                          'where an rlimit holds it, its errors, or its output when they are empty, show an '
+                          'allocation refused), "tasks" when a fork was refused at its task limit, "cpu" when it '
+                          'used up its CPU time (an rlimit), else null.'),
         "limits": LIMITS_SCHEMA,
         **KEPT_SCHEMA,
     },

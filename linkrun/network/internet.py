@@ -248,38 +248,22 @@ def _spawn(state: str) -> None:
         os.close(log)
 
 
-def refused(state: str, since: float, pid: int | None = None) -> list[str]:
-    """The hosts (`host:port`) the proxy refused since `since` (unix seconds),
-    each once, in order; with `pid`, only those asked from below that process
-    (a call's sandbox), so calls running at once are told their own."""
-    return _refused(_logged(state, since, pid))
-
-
-def unreachable(state: str, since: float, pid: int | None = None) -> dict[str, str]:
-    """As `refused`, the hosts it allowed and could not reach, each with why (the last)."""
-    return _unreachable(_logged(state, since, pid))
-
-
 def proxy_notes(state: str, since: float, pid: int) -> str | None:
     """The notes on the hosts the proxy refused the sandbox `pid` since
-    `since`, and on those it allowed and could not reach; None when neither."""
-    logged = _logged(state, since, pid)
-    hosts, unreached = _refused(logged), _unreachable(logged)
+    `since`, each once, and on those it allowed and could not reach, with
+    why (the last); None when neither."""
+    logged = proxy_log(state, since, pid)
+    hosts = list(dict.fromkeys(target for target, why in logged if not why))
+    unreached = {target: why for target, why in logged if why}
     notes = ([refused_note(hosts, state)] if hosts else []) + ([unreachable_note(unreached)] if unreached else [])
     return " ".join(notes) or None
 
 
-def _refused(logged: list[tuple[str, str]]) -> list[str]:
-    return list(dict.fromkeys(target for target, why in logged if not why))
-
-
-def _unreachable(logged: list[tuple[str, str]]) -> dict[str, str]:
-    return {target: why for target, why in logged if why}
-
-
-def _logged(state: str, since: float, pid: int | None) -> list[tuple[str, str]]:
-    """The proxy's log since `since`, asked from below `pid`: each target, and
-    why it was not reached where it was allowed ("" where it was refused)."""
+def proxy_log(state: str, since: float, pid: int | None = None) -> list[tuple[str, str]]:
+    """What the proxy logged since `since` (unix seconds), in order: each
+    target (`host:port`), and why it was not reached where it was allowed
+    ("" where it was refused); with `pid`, only those asked from below that
+    process (a call's sandbox), so calls running at once are told their own."""
     try:
         with open(os.path.join(state, layout.PROXY_REFUSED), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))  # the tail is enough

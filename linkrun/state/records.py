@@ -401,6 +401,9 @@ def now() -> float:
     return time.time()
 
 
+KILLING_LIMITS = ("cpu", "memory")  # limits that end a program with a signal: SIGXCPU, the out-of-memory killer's SIGKILL
+
+
 def limit_words(record: Shown | dict[str, object]) -> str:
     """Which words say the limit it ended on: its `limit`, but "allocation"
     for a memory limit that did not kill it (no cgroup holds memory there:

@@ -66,7 +66,7 @@ def cores(cpu: int) -> str:
 def killed_by_note(status: object, sure: bool = False) -> str:
     """For an exit status of 128+N where N names a signal, what a shell's status means:
     " (128+9: the program may have been killed by SIGKILL)", "was killed" when the
-    limit that bit says so (`sure`); else ""."""
+    limit that bit ended it so (`sure`: records.killed_by_limit); else ""."""
     if not isinstance(status, int) or not 128 < status < 128 + 65:
         return ""
     name = signal_name(status - 128)

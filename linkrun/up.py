@@ -111,7 +111,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
     keyring = way_in.keyring or os.path.abspath(agent_folder.default_keyring(environ))
     fixed, kept, host = sandbox.build(folder, settings, environ, keyring, etc_view=False)
     # The embedded list names more than most machines have; what the user added and the machine lacks is news.
-    lacking = [program for program in kept.missing if program not in sandbox.load(None).allow]
+    lacking = [program for program in kept.missing if program not in sandbox.defaults()["sandbox"]["commands"]["allow"]]
     if lacking:
         logger.warning(f"the sandbox file allows {', '.join(lacking)}, which this machine does not have: they are "
                        f"not offered; install them, or mend their names in {settings.source}")

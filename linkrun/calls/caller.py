@@ -255,8 +255,9 @@ class Caller:
 
 
 def refusals(state: str, since: float, pid: int) -> str | None:
-    """The note on the hosts the agent's proxy refused the sandbox `pid` since
-    `since`, and on those it allowed and could not reach; or None."""
+    """The notes on the hosts the agent's proxy refused the sandbox `pid`
+    since `since`, and on those it allowed and could not reach; or None. Here,
+    so that the tool layer reaches the internet's module through the owner of calls."""
     from ..network.internet import proxy_notes
 
     return proxy_notes(state, since, pid)

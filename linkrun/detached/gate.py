@@ -238,6 +238,7 @@ class Forked(subprocess.Popen[bytes]):
 
     def __init__(self, pid: int) -> None:  # not Popen's: the fork is made already
         self.pid, self.returncode, self.args = pid, None, ()
+        self.stdin = self.stdout = self.stderr = None  # no pipes of Popen's (a sandbox made ahead sets its own)
 
     def poll(self) -> int | None:
         return self.returncode  # read by the watch's pidfd, never reaped before wait()

@@ -110,9 +110,7 @@ class MadeAhead:
 
     def let_go(self) -> None:
         """Not run: killed with all it holds, and reaped; its group is the caller's to remove."""
-        self.spare.leader.kill()
-        self.spare.leader.process.wait()
-        self.spare.leader.close()
+        self.spare.leader.abandon()
         self.close()
         for fd in (self.input_w, self.out_r):
             if fd >= 0:

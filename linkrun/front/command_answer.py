@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..config import Serve
-from ..state.records import KILLING_LIMITS
+from ..state.records import killed_by_limit
 from ..units import cores, describe_size, format_duration, killed_by_note, signal_name
 
 if TYPE_CHECKING:  # the runner's types only: the instructions (offer.py) use this module before serve loads the runner
@@ -100,7 +100,7 @@ def _ending(outcome: Outcome, timeout: float, can_start: bool) -> str:
         return f"killed by SIGKILL: timed out after {format_duration(timeout)} ({seconds}); {advice}"
     if outcome.signal is not None:
         return f"killed by {signal_name(outcome.signal)} · {seconds}"
-    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit, sure=outcome.limit in KILLING_LIMITS)
+    return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit, sure=killed_by_limit(outcome.limit, outcome.exit))
 
 
 def _stream_text(label: str, capture: Capture, kept_id: str | None, cap: int) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..state.records import KILLING_LIMITS, State, limit_words
+from ..state.records import State, killed_by_limit, limit_words
 from ..units import elapsed, format_duration, killed_by_note, local_time
 
 TYPE_CHECKING = False
@@ -85,7 +85,7 @@ def _state_ending(record: Record) -> str:
         if record.get("signal"):
             return f"was killed by {record['signal']}"
         status = record.get("exit")
-        return f"exited with status {status}" + killed_by_note(status, sure=limit_words(record) in KILLING_LIMITS)
+        return f"exited with status {status}" + killed_by_note(status, sure=killed_by_limit(record.get("limit"), status))
     if state == State.TIMED_OUT:
         return f"timed out after {format_duration(record['timeout'])}"
     if state == State.STOPPED:

@@ -105,6 +105,19 @@ class Leader:
                     os.close(fd)
             self.pidfd = self.sandbox_init = None
 
+    def abandon(self) -> None:
+        """A sandbox given up before its program's output was watched: killed, reaped, its descriptors closed."""
+        process = self.process
+        self.kill()
+        process.wait()
+        self.close()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass  # a write to the dead loader left unflushed
+
 
 class Stage:
     """A step of a stop before the SIGKILL: what it is (for the log), its act, and the grace after it."""

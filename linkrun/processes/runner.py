@@ -229,7 +229,7 @@ class Runner:
         try:
             leader.sandbox_init = launch.started()
         except BaseException:
-            _abandon(leader)
+            leader.abandon()
             if group is not None:
                 self._group_ended(group)
             raise
@@ -248,7 +248,7 @@ class Runner:
 
     def end_spare(self, spare: Spare) -> None:
         """A spare not taken: killed with all it holds, reaped, its group kept or removed."""
-        _abandon(spare.leader)
+        spare.leader.abandon()
         spare.close()
         if spare.group is not None:
             self._group_ended(spare.group)
@@ -323,20 +323,6 @@ class Runner:
 def _reap(process: subprocess.Popen[bytes]) -> None:
     kill_group(process.pid)  # the unreaped leader keeps the group id ours
     process.wait()
-
-
-def _abandon(leader: Leader) -> None:
-    """A sandbox given up before its program's output was watched: killed, reaped, its descriptors closed."""
-    process = leader.process
-    leader.kill()
-    process.wait()
-    leader.close()
-    for pipe in (process.stdin, process.stdout, process.stderr):
-        if pipe is not None:
-            try:
-                pipe.close()
-            except OSError:
-                pass  # a write to the dead loader left unflushed
 
 
 class _Input:

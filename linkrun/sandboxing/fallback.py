@@ -36,8 +36,8 @@ import math
 import os
 import resource
 import signal
-from typing import NamedTuple
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..config import CONTROLLERS, Limits
 
@@ -61,9 +61,7 @@ _SIGNS = {
     "tasks": (b"Resource temporarily unavailable", b"Cannot fork", b"can't fork", b"fork: retry",
               b"can't start new thread", b"unable to create native thread", b"failed to spawn thread"),
 }
-
-
-SIGNS_IN = 16384
+SIGNS_IN = 16384  # bytes of a background command's output's end looked into
 
 _RESOURCES = {"memory": resource.RLIMIT_DATA, "tasks": resource.RLIMIT_NPROC}
 

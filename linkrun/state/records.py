@@ -401,13 +401,22 @@ def now() -> float:
     return time.time()
 
 
-KILLING_LIMITS = ("cpu", "memory")  # limits that end a program with a signal: SIGXCPU, the out-of-memory killer's SIGKILL
+# The signal a limit ends a program with (its name, its number): SIGXCPU at its
+# CPU time, the out-of-memory killer's SIGKILL.
+LIMIT_SIGNALS = {"cpu": ("SIGXCPU", 24), "memory": ("SIGKILL", 9)}
+
+
+def killed_by_limit(limit: object, exit_status: object, signal: object = None) -> bool:
+    """Whether the limit that bit is what ended the program: its signal, or
+    an exit of 128 + its number (through bwrap)."""
+    name, number = LIMIT_SIGNALS.get(str(limit), ("", 0))
+    return bool(name) and (signal == name or exit_status == 128 + number)
 
 
 def limit_words(record: Shown | dict[str, object]) -> str:
     """Which words say the limit it ended on: its `limit`, but "allocation"
     for a memory limit that did not kill it (no cgroup holds memory there:
     an allocation was refused, and the program ended of itself), "" for none."""
-    limit = record.get("limit") or ""
-    killed = record.get("signal") == "SIGKILL" or record.get("exit") == 128 + 9  # 128+9: SIGKILL, through bwrap
-    return "allocation" if limit == "memory" and not killed else str(limit)
+    limit = str(record.get("limit") or "")
+    killed = killed_by_limit(limit, record.get("exit"), record.get("signal"))
+    return "allocation" if limit == "memory" and not killed else limit

@@ -176,8 +176,14 @@ def ahead_of(server, state: Path) -> int | None:
         except OSError:
             continue
     ours = {pid for pid, words in words_of.items() if str(state).encode() in words}
-    found = [pid for pid in ours if b"warm-fork" in words_of[pid] and pid != forks and pid_alive(pid)
-             and parent_of(pid) not in ours]
+
+    def detached(pid: int) -> bool:
+        try:
+            return parent_of(pid) not in ours
+        except OSError:  # gone meanwhile (its /proc entry missing, or read as it went)
+            return False  # the server's intermediate fork, which exits at once
+
+    found = [pid for pid in ours if b"warm-fork" in words_of[pid] and pid != forks and pid_alive(pid) and detached(pid)]
     return found[0] if len(found) == 1 else None
 
 

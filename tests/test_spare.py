@@ -370,7 +370,7 @@ def test_a_failing_job_turns_the_spares_off_and_no_call_waits_for_them(stand_in:
 
     spares = spare_module.Spares(stand_in.prepare, start, end)
     spares.make()
-    wait_for(lambda: made, what="a spare")
+    wait_for(lambda: spares.ready, what="a spare")  # made, and not only started: else no spare is stale
     assert spares.take("other") is None  # stale: its end, on the thread, fails
     spares.done(True)
     wait_for(lambda: spares.off is not None, what="the spares turned off")

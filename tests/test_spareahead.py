@@ -9,7 +9,7 @@ import os
 import signal
 
 from ahead_helpers import MADE_AHEAD, children, made_ahead
-from conftest import text_of, wait_for
+from conftest import pid_alive, text_of, wait_for
 from up_harness import META, processes_with
 
 from linkrun.state import layout
@@ -30,7 +30,9 @@ def output_of(up, command_id: str) -> str:
 
 
 def gone(pid: int) -> bool:
-    return not os.path.exists(f"/proc/{pid}")
+    """Ended: a zombie counts, for an orphan is reaped by whatever reaper
+    adopts it, which may be slow to: a container's init may reap on a timer."""
+    return not pid_alive(pid)
 
 
 def test_a_background_program_runs_in_the_sandbox_made_ahead_and_finds_what_a_call_finds(up_as):

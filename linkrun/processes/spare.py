@@ -218,6 +218,12 @@ class Spares:
         """Why no spares are made any more, or None while they are."""
         return self._off
 
+    @property
+    def ready(self) -> int:
+        """How many spares are made and wait for their calls."""
+        with self._lock:
+            return len(self._ready)
+
     def take(self, key: Hashable, use: bool = True) -> Spare | None:
         """A spare that shows what a sandbox made now for `key` would; else
         None. Spares that do not are ended off the call's path. Counts the

@@ -166,6 +166,8 @@ class Serve(NamedTuple):
     limits: Limits | None = None  # each call's cgroup limits (--limits), where a cgroup can be had
     keep: KeepSettings | None = None  # a call's cut output kept for `read` (--keep-*)
     checks: str | None = None  # the agent's folder whose checks `up` leaves to serve (--checks; front/checks.py)
+    # What the sandbox file allows that this machine lacked at up's look: refused as missing, not as not allowed.
+    missing_programs: tuple[str, ...] = ()
 
     @property
     def offers_background(self) -> bool:
@@ -173,14 +175,14 @@ class Serve(NamedTuple):
 
 
 _SERVE_VALUED = {
-    "--files", "--programs-path", "--timeout", "--output", "--program", "--var", "--write",
+    "--files", "--programs-path", "--timeout", "--output", "--program", "--missing-program", "--var", "--write",
     "--state", "--way-in", "--as", "--keyring", "--background", "--background-timeout",
     "--background-output", "--background-keep", "--background-per-day", "--hops", "--seccomp", "--limits",
     "--keep-output", "--keep-for", "--keep-total",
     "--checks",
 }
 _SERVE_SWITCHES = {"--proxy", "--no-way-in"}
-_REPEATABLE = {"--program", "--var", "--write"}
+_REPEATABLE = {"--program", "--missing-program", "--var", "--write"}
 _KEEP_FLAGS = ("--keep-output", "--keep-for", "--keep-total")
 _BACKGROUND_REQUIRED = (
     "--background", "--background-timeout", "--background-output", "--background-keep",
@@ -189,7 +191,8 @@ _BACKGROUND_REQUIRED = (
 
 SERVE_USAGE = (
     "lnk-link-run serve --files <folder> --programs-path <PATH> --timeout <duration> "
-    "--output <bytes> [--program <program>]... [--var NAME=VALUE]... [--write <folder>]... [--seccomp <file>] "
+    "--output <bytes> [--program <program>]... [--missing-program <program>]... [--var NAME=VALUE]... "
+    "[--write <folder>]... [--seccomp <file>] "
     "[--limits memory=<bytes>,tasks=<n>,cpu=<n>%] [--checks <agent's folder>] "
     "[--state <dir> [--proxy] [--keep-output <bytes> --keep-for <duration> --keep-total <bytes>] [(--way-in <address> --as <agent id> [--keyring <dir>] | "
     "--no-way-in) --background <n> --background-timeout <duration> --background-output <bytes> "
@@ -259,11 +262,12 @@ def parse_serve(argv: list[str]) -> Serve:
         raise UsageError(f"--files {files!r} is not a folder", "create it or give another")
 
     programs = tuple(flags.many.get("--program", []))
-    for program in programs:
+    missing_programs = tuple(flags.many.get("--missing-program", []))
+    for flag, program in [("--program", p) for p in programs] + [("--missing-program", p) for p in missing_programs]:
         if program != "*" and ("/" in program and not program.startswith("/")):
-            raise UsageError(f"--program {program!r} is neither a bare name, an absolute path nor *")
+            raise UsageError(f"{flag} {program!r} is neither a bare name, an absolute path nor *")
         if not program or any(c in program for c in "=\0\n"):
-            raise UsageError(f"--program {program!r} holds '=', a NUL or a newline, or is empty")
+            raise UsageError(f"{flag} {program!r} holds '=', a NUL or a newline, or is empty")
 
     variables = []
     for item in flags.many.get("--var", []):
@@ -300,6 +304,7 @@ def parse_serve(argv: list[str]) -> Serve:
         limits=parse_limits("--limits", str(flags["--limits"])) if "--limits" in flags else None,
         keep=_parse_keep(flags),
         checks=os.path.abspath(str(flags["--checks"])) if "--checks" in flags else None,
+        missing_programs=missing_programs,
     )
 
 

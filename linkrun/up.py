@@ -125,6 +125,8 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
              "--programs-path", hostfacts.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
     serve += [flag for program in kept.kept for flag in ("--program", program)]
+    # So that a call of one is refused as missing here, not as not allowed.
+    serve += [flag for program in kept.missing for flag in ("--missing-program", program)]
     serve += [flag for folder_ in write for flag in ("--write", folder_)]
     if filter_path:
         serve += ["--seccomp", filter_path]

@@ -400,6 +400,8 @@ def test_the_running_cap_holds_under_concurrent_starts_from_several_servers(serv
     refused = [a for a in answers if a.get("isError")]
     assert len(accepted) == 2
     assert all("the most at once" in text_of(a) for a in refused)
+    # Those of another conversation, or of a client gone, are not in its list: the refusal names the way to all.
+    assert all(f"stop --state {state}" in text_of(a) and "outlive" in text_of(a) for a in refused), text_of(refused[0])
 
 
 def test_the_day_cap_counts_starts_and_says_when_a_place_frees(servers, files, state):
@@ -443,6 +445,45 @@ def test_list_shows_this_conversations_commands_newest_first(bg, state):
     entry = value["commands"][0]
     assert entry["program"] == "sh" and entry["args"] == ["-c", "echo hi"] and entry["bytes"] == 3
     assert entry["state"] == "exited" and entry["told"] == "no way in"
+
+
+SCRIPT = "import sys\nfor line in sys.stdin:\n\tprint(line)\n"  # a multi-line python3 -c, as agents write them
+
+
+def test_list_shows_each_command_on_one_line_with_its_control_characters_escaped_and_no_way_in_said_once(bg, state):
+    started = bg.call("start", {"program": "python3", "args": ["-c", SCRIPT], "input": "x\n"}, meta=META)
+    first = started["structuredContent"]["id"]
+    assert text_of(started).splitlines()[0] == (
+        f"Started {first}: python3 -c $'import sys\\nfor line in sys.stdin:\\n\\tprint(line)\\n'")
+    wait_ended(state, first)
+    second = start(bg, program="sh", args=["-c", "echo 'a b'\x1b[2K"])
+    wait_ended(state, second)
+    result = bg.call("list", {}, meta=META)
+    lines = text_of(result).splitlines()
+    assert len(lines) == 5, lines  # each command's two lines, then the one note
+    assert lines[1] == "  sh -c $'echo \\'a b\\'\\x1b[2K'  (in .)", lines[1]
+    assert lines[3] == "  python3 -c $'import sys\\nfor line in sys.stdin:\\n\\tprint(line)\\n'  (in .)", lines[3]
+    assert not any("told:" in line for line in lines[:4]), lines
+    assert "(told: no way in)" in lines[4] and "read with wait" in lines[4], lines[4]
+    # The structured value keeps each command as it was given, and its told.
+    entries = result["structuredContent"]["commands"]
+    assert [(e["args"], e["told"]) for e in entries] == [
+        (["-c", "echo 'a b'\x1b[2K"], "no way in"), (["-c", SCRIPT], "no way in")]
+
+
+def test_a_background_tool_called_while_they_are_off_says_how_to_turn_them_on(servers, files, state):
+    off = servers(serve_argv(files))
+    off.initialize()
+    for tool in ("start", "list", "read", "write", "stop"):
+        message = off.request("tools/call", {"name": tool, "arguments": {}})["error"]["message"]
+        assert message.startswith(f"Unknown tool: {tool} (tools: command); background commands are off"), message
+        assert "up --no-way-in" in message and "--way-in <address> --as <agent id>" in message, message
+    other = off.request("tools/call", {"name": "frobnicate", "arguments": {}})["error"]["message"]
+    assert other == "Unknown tool: frobnicate (tools: command)"
+    none_at_once = servers(background_argv(files, state, running="0"))
+    none_at_once.initialize()
+    message = none_at_once.request("tools/call", {"name": "start", "arguments": {}})["error"]["message"]
+    assert "background = 0" in message and "spec" in message and "start the agent again" in message, message
 
 
 def test_an_old_record_still_loads(tmp_path):

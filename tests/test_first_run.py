@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SERVER, clean_env, require_sandbox, text_of
+from conftest import SERVER, clean_env, require_sandbox, text_of, wait_for
 from sandbox_helpers import outer_sandbox
-from up_harness import ensure_tester, running_as_root
+from up_harness import Up, ensure_tester, running_as_root
 
 from linkrun.sandboxing import hostfacts, sandbox
+from linkrun.state import records
 
 Run = Callable[..., subprocess.CompletedProcess]
 
@@ -206,6 +207,53 @@ def test_stop_remove_and_sweep_given_the_agents_folder_or_a_missing_folder_say_s
     again = run("remove", "--state", str(agent / "State"))  # twice is safe: removed already
     assert again.returncode == 0, again.stderr
     assert not (agent / "State").exists() and (agent / "Files").is_dir()
+
+
+def test_stop_and_remove_take_the_agents_folder_as_up_does_and_given_neither_name_both(who):
+    run, folder = who
+    agent = folder / "agent"
+    assert run("up", "--agent", str(agent), "--no-way-in").returncode == 0  # makes the agent's folder
+    for command in ("stop", "remove"):
+        neither = run(command)
+        assert neither.returncode == 2, neither.stderr
+        assert "--agent <folder>" in neither.stderr and "--state <dir>" in neither.stderr, neither.stderr
+        both = run(command, "--agent", str(agent), "--state", str(agent / "State"))
+        assert both.returncode == 2 and "give one" in both.stderr, both.stderr
+        not_an_agent = run(command, "--agent", str(agent / "State"))  # its state folder, given as the agent's
+        assert not_an_agent.returncode == 1, not_an_agent.stderr
+        assert f"{agent / 'State'} is not an agent's folder" in not_an_agent.stderr, not_an_agent.stderr
+        assert f"--agent {agent}" in not_an_agent.stderr, not_an_agent.stderr
+        missing = run(command, "--agent", str(folder / "nonexistent"))
+        assert missing.returncode == 1 and "no such folder" in missing.stderr, missing.stderr
+    stopped = run("stop", "--agent", str(agent))
+    assert stopped.returncode == 0 and "stopped 0 background command(s)" in stopped.stderr, stopped.stderr
+    assert run("remove", "--agent", str(agent)).returncode == 0
+    assert not (agent / "State").exists() and (agent / "Files" / "work").is_dir()  # its state alone
+    again = run("remove", "--agent", str(agent))  # twice is safe: removed already
+    assert again.returncode == 0, again.stderr
+
+
+def run_as_owner(up: Up, request: pytest.FixtureRequest, *args: str) -> subprocess.CompletedProcess:
+    """`lnk-link-run ARGS` as the user whose `up` it is (the ordinary user's from the readable venv, as root)."""
+    if up.who == "user" and running_as_root():
+        tester = ensure_tester()
+        python = [str(request.getfixturevalue("readable_runtime") / "venv" / "bin" / "python"), "-I", "-m", "linkrun"]
+        return subprocess.run([*python, *args], capture_output=True, text=True, env=clean_env(), cwd="/",
+                              user=tester.pw_uid, group=tester.pw_gid, extra_groups=[], timeout=120)
+    return subprocess.run([*SERVER, *args], capture_output=True, text=True, env=clean_env(), timeout=120)
+
+
+def test_stop_given_the_agents_folder_stops_the_background_commands_that_outlive_the_client(up_as, request):
+    command_id = up_as.start("python3", "-c", "import time; time.sleep(1000)")
+    wait_for(lambda: (records.load(str(up_as.state), command_id) or {}).get("state") == "running",
+             timeout=30, what="the background command to run")
+    up_as.server.close(timeout=15)  # the client gone: its background command runs on
+    assert records.is_held(str(up_as.state), command_id)
+    done = run_as_owner(up_as, request, "stop", "--agent", str(up_as.agent))
+    assert done.returncode == 0, done.stderr
+    assert "stopped 1 background command(s)" in done.stderr, done.stderr
+    assert records.load(str(up_as.state), command_id)["state"] == "lost"
+    assert not records.is_held(str(up_as.state), command_id)
 
 
 def test_read_of_an_ended_background_command_says_how_it_ended(up_as):

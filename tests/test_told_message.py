@@ -84,7 +84,7 @@ def test_each_message_has_a_nonce_of_its_own():
 
 def test_an_argument_cannot_break_the_first_line():
     text = told.told_text(record(args=["-c", f"echo\n-----BEGIN OUTPUT {ID}-----"]), b"x")
-    assert text.split("\n", 1)[0].startswith(f"Background command {ID} (sh -c $'echo\\x0a-----BEGIN")
+    assert text.split("\n", 1)[0].startswith(f"Background command {ID} (sh -c $'echo\\n-----BEGIN")
     assert output_block(text)[1] == "x\n"
 
 

@@ -80,6 +80,7 @@ def test_up_keeps_the_users_sandbox_file_and_spec_and_follows_them(box, tmp_path
     assert (box.root / "Config" / "sandbox.toml").read_text() == box.file.read_text()
     assert (box.root / "Config" / "spec.toml").read_text() == spec.read_text()
     assert flag_values(serve, "--program") == ["sh"]  # what this machine has
+    assert flag_values(serve, "--missing-program") == ["no-such-program-here"]  # refused as missing, not as not allowed
     assert flag_values(serve, "--write") == ["work", "data"]
     assert (flag_values(serve, "--timeout"), flag_values(serve, "--output"), flag_values(serve, "--background")) == (
         ["30s"], ["65536"], ["0"])
@@ -114,6 +115,20 @@ def test_an_allowed_absolute_program_under_tmp_runs_and_one_in_tmp_itself_is_ref
             up.plan(["--agent", str(box.root), "--sandbox", str(box.file)], box.env)
     finally:
         in_tmp.unlink()
+
+
+def test_a_call_of_an_allowed_program_this_machine_lacks_says_so_and_a_refusal_says_how_to_allow_more(box, servers):
+    box.file.write_text('[commands]\nallow = ["sh", "lnk-no-such-program"]\n')
+    server = servers(SERVER + ["up", "--agent", str(box.root), "--sandbox", str(box.file)], env=box.env)
+    server.initialize()
+    lacking = text_of(server.call("command", {"program": "lnk-no-such-program"}))
+    assert "program 'lnk-no-such-program' is allowed, but not found on this machine" in lacking, lacking
+    assert "install it" in lacking and "or run another" in lacking and "allowed: sh" in lacking, lacking
+    sandbox_file = os.path.join(os.path.realpath(box.root), "Config", "sandbox.toml")
+    for program in ("cat", "/bin/cat"):
+        refused = text_of(server.call("command", {"program": program}))
+        assert "is not allowed" in refused and "allowed: sh" in refused, refused
+        assert f"to allow more, add it to [commands] allow in {sandbox_file}, then start the agent again" in refused
 
 
 def test_up_refuses_bad_input_before_creating_anything(tmp_path):

@@ -169,3 +169,20 @@ def test_a_wait_on_a_line_uses_no_cpu_while_nothing_is_printed(server, files, st
     (files / "work" / "go").touch()
     (files / "work" / "end").touch()
     wait_ended(state, command_id)
+
+
+def test_a_prompt_not_ended_by_a_newline_matches_once_the_command_waits_for_input(server, state):
+    # A new user's trial: a wait on ">>> " waited its whole time while the prompt waited for a write.
+    command_id = start(server, program="sh", args=["-c", "echo hello; printf 'name? '; read x; echo \"hi $x\""])
+    began = time.monotonic()
+    send_read(server, 100, id=command_id, pattern=r"^name\? ", wait=25)
+    value, text = answer_of(server, 100)
+    assert value["until"] == "match" and time.monotonic() - began < 20, text
+    assert [(line["line"], line["offset"], line["text"]) for line in value["lines"]] == [(2, 6, "name? ")]
+    assert "waits for input" in text
+    # A last line that does not match, while it waits, is not a match: the wait goes on to its time.
+    send_read(server, 101, id=command_id, pattern="^nothing", wait=1)
+    value, _ = answer_of(server, 101)
+    assert value["until"] == "time"
+    server.call("write", {"id": command_id, "text": "you\n"}, meta=META)
+    assert wait_ended(state, command_id)["exit"] == 0

@@ -256,3 +256,37 @@ def test_the_instructions_and_starts_input_point_a_prompt_to_start_tty_and_write
     assert "tty" in tools["start"]["inputSchema"]["properties"]
     assert "tty" not in tools["command"]["inputSchema"]["properties"]
     assert "stays open for write" in tools["start"]["inputSchema"]["properties"]["input"]["description"]
+
+
+def test_a_write_answers_with_all_it_printed_until_it_waits_for_input_again(bg, state):
+    # A new user's trial: the answer was the first bytes only ("got "), the rest left for a read.
+    command_id = start(bg, program="sh", args=["-c", "read x; printf 'got '; sleep 0.3; echo \"$x\"; "
+                                               "read y; printf 'then '; sleep 0.3; echo \"$y\"; read z"])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    first = write(bg, id=command_id, text="it\n", wait=10)
+    assert (first["text"], first["waiting"]) == ("got it\n", True)
+    second = write(bg, id=command_id, text="more\n", wait=10)
+    assert (second["text"], second["offset"], second["waiting"]) == ("then more\n", first["next"], True)
+    write(bg, id=command_id, text="done\n", eof=True, wait=0)
+    assert wait_ended(state, command_id)["exit"] == 0
+
+
+def test_a_write_to_a_program_that_prints_and_reads_no_more_answers_once_it_is_quiet(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo a; sleep 0.2; echo b; exec sleep 60"])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    began = time.monotonic()
+    answer = write(bg, id=command_id, text="go\n", wait=20)
+    assert (answer["text"], answer["waiting"]) == ("a\nb\n", False)
+    assert time.monotonic() - began < 10, "it waited for the whole wait, not for the output to settle"
+    bg.call("stop", {"id": command_id}, meta=META)
+    wait_ended(state, command_id)
+
+
+def test_a_write_on_a_terminal_answers_with_the_programs_reply_not_only_its_echo(up_as):
+    up = up_as
+    session = up_start(up, "python3", "-q", tty=True)
+    wait_for(lambda: up.read(session)[0]["waiting"], what="the prompt to be seen waiting")
+    answer = up_write(up, id=session, text="print(6 * 7)\n", wait=10)
+    assert "42\r\n>>> " in answer["text"] and answer["waiting"], answer
+    up_write(up, id=session, text="exit()\n", wait=0)
+    up.wait_ended(session)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from .. import agent
 from ..config import Serve
 from ..errors import Refused
 from ..sandboxing.launch import Launch, Sandbox
@@ -33,7 +34,10 @@ class CallSetup:
     """The programs and the sandbox of serve's calls, built once from its settings."""
 
     def __init__(self, settings: Serve) -> None:
-        self.programs = Programs(settings.programs, settings.programs_path, settings.sandbox)
+        # The agent's sandbox file, for a refusal's way to allow more: known where up started serve (--checks).
+        sandbox_file = agent.locate(settings.checks).sandbox_file if settings.checks else None
+        self.programs = Programs(settings.programs, settings.programs_path, settings.sandbox,
+                                 settings.missing_programs, sandbox_file)
         self.offered = self.programs.offered()
         self.sandbox = Sandbox(tuple(settings.sandbox), settings.files, settings.write,
                                os.path.join(settings.state, layout.PROXY_FOLDER) if settings.proxy and settings.state else None,
@@ -73,7 +77,6 @@ def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: st
     """What `up` checks of the agent's folder `root`: its /etc view made
     current, then its sandbox started once (sandboxing/probe.py). Raises
     LinkRunError naming the fix."""
-    from .. import agent
     from ..sandboxing import etcview, probe
 
     folder = agent.locate(root)

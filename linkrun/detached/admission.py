@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from ..state import filing, layout, records
 from ..errors import Refused
+from ..invocation import typed
 from ..units import local_time
 
 START_LOCK_WAIT = 5.0
@@ -46,8 +47,12 @@ def check_caps(state: str, running_cap: int, per_day: int) -> None:
     """1. What runs against --background, the day's starts against --background-per-day."""
     running = len(records.running_ids(state))
     if running >= running_cap:
+        # They outlive the client that started them: a session gone, or another
+        # conversation, may hold every place, and list shows this conversation's alone.
         raise Refused(f"{running} background commands run already, the most at once",
-                      "a place frees up when one ends: wait for one, or stop one (list shows them)")
+                      "a place frees up when one ends: wait for one, or stop one (list shows this conversation's); "
+                      f"they outlive the client that started them, and {typed(f'stop --state {state}')} "
+                      "in a terminal stops every one")
     starts = starts_since(state, records.now() - DAY)
     if len(starts) >= per_day:
         frees = local_time(min(starts) + DAY)

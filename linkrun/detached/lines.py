@@ -146,6 +146,13 @@ class Scanner:
         self.offset += end
         self.number += block.count(b"\n", 0, end) + (1 if end and block[end - 1] != 0x0A else 0)
 
+    def unfinished(self) -> list[Line]:
+        """The line not ended yet, if the range and the pattern select it, as a final `feed` would give
+        it: a prompt, which ends with no newline. Nothing is consumed: more of the line may come."""
+        if not self.carry or self.counting:
+            return []
+        return list(self._lines(self.carry, len(self.carry)))
+
     def _count(self, block: bytes, end: int) -> int:
         if end == 0:
             return 0  # no line: an empty match here would be one that is not there

@@ -1,5 +1,6 @@
-"""Recovery after a crash (`sweep`), the agent stopping (`stop --state`), and
-the agent's removal (`remove --state`).
+"""Recovery after a crash (`sweep`), the agent stopping (`stop`), and the
+agent's removal (`remove`), each of an agent given by its folder (`--agent`,
+as `up` takes it) or by its state folder (`--state`).
 
 A record's lock that a sweep can take means its supervisor is gone: the
 kernel released the flock however it died. Each command here is safe at any
@@ -15,6 +16,7 @@ import signal
 import time
 
 from .. import logger
+from .. import agent as agent_folder
 from ..state import filing, layout, records
 from ..messages import telling
 from ..messages.wayin import DeliveryOutcome  # the sweep tells: it loads the sender anyway
@@ -327,13 +329,6 @@ def _unlink(path: str) -> None:
 # -- stop and remove --------------------------------------------------------------
 
 
-def _state_flag(argv: list[str], command: str) -> str:
-    flags, _ = split_flags(argv, {"--state"}, set(), set())
-    if "--state" not in flags:
-        raise UsageError(f"{command} needs --state <dir>")
-    return os.path.abspath(str(flags["--state"]))
-
-
 def stop_all(state: str, reason: str) -> list[str]:
     """Stop files for every running command; wait until each supervisor has
     exited (a command stopped this way ends lost and is not told now, so its
@@ -354,8 +349,25 @@ AGENT_PARTS = ("Files", "Config", "Agent", "State")  # an agent's folder holds t
 
 
 def _state_folder(argv: list[str], command: str) -> str | None:
-    """--state, checked before anything is stopped or removed (`_checked_state`)."""
-    return _checked_state(_state_flag(argv, command), command)
+    """The state folder of --agent (its State/, as `up` finds it) or --state,
+    checked before anything is stopped or removed; None: not made yet."""
+    flags, _ = split_flags(argv, {"--agent", "--state"}, set(), set())
+    if "--agent" in flags and "--state" in flags:
+        raise UsageError(f"{command} takes --agent or --state, not both", "give one")
+    if "--state" in flags:
+        return _checked_state(os.path.abspath(str(flags["--state"])), command)
+    if "--agent" not in flags:
+        raise UsageError(f"{command} needs the agent: --agent <folder> (the folder up was given) or --state <dir> "
+                         "(its state folder)")
+    folder = agent_folder.locate(str(flags["--agent"]))
+    if not os.path.isdir(folder.root):
+        raise LinkRunError(f"--agent {folder.root}: no such folder", "give the agent's folder, as up was given it")
+    if not any(os.path.isdir(os.path.join(folder.root, part)) for part in AGENT_PARTS):
+        # Its State/ given, say: a state folder holds none of an agent's parts.
+        raise LinkRunError(f"{folder.root} is not an agent's folder (it holds no Files/, Config/, Agent/ or State/)",
+                           f"give the folder up was given: {typed(command)} --agent {os.path.dirname(folder.root)}"
+                           if os.path.basename(folder.root) == "State" else "give the folder up was given as --agent")
+    return folder.state if os.path.isdir(folder.state) else None
 
 
 def _checked_state(state: str, command: str) -> str | None:
@@ -365,7 +377,8 @@ def _checked_state(state: str, command: str) -> str | None:
     not made yet: None, nothing to do)."""
     if any(os.path.isdir(os.path.join(state, part)) for part in AGENT_PARTS):
         raise LinkRunError(f"{state} is an agent's folder, not its state folder",
-                           f"give its state folder: lnk-link-run {command} --state {os.path.join(state, 'State')}")
+                           f"give its state folder: lnk-link-run {command} --state {os.path.join(state, 'State')} "
+                           f"(or the agent's folder: --agent {state})")
     if os.path.isdir(state):
         return state
     parent = os.path.dirname(state)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..state import layout, records
 from ..detached.background import background_settings
 from ..config import Serve
+from ..messages.told import shown_command
 from ..units import format_duration
 from .reading import answer as read  # noqa: F401  (the tool layer finds every background tool's answer here)
 from .reading import how_it_ended, read_tool
@@ -117,8 +118,7 @@ def start_answer(command_id: str, program: str, args: tuple[str, ...], settings:
     output = layout.shown_output(command_id)
     how = (f"a message from run:{command_id} will tell this conversation how it ended"
            if background_settings(settings).way_in else "use read with wait, or list, to learn how it ends")
-    text = (f"Started {command_id}: {program} {' '.join(args)}".rstrip()
-            + f"\nIts output goes to {output}; " + how + ".")
+    text = f"Started {command_id}: {shown_command(program, args)}\nIts output goes to {output}; {how}."
     return ToolResult(text, {"id": command_id, "output": output})
 
 
@@ -127,19 +127,27 @@ def list_answer(entries: list[dict[str, Any]]) -> ToolResult:
 
 
 def stop_answer(entry: dict[str, Any]) -> ToolResult:
-    return ToolResult(list_text([entry]), entry)
+    return ToolResult(list_text([entry], told_once=False), entry)
 
 
-def list_text(entries: list[dict[str, Any]]) -> str:
+# list's last line where no command's end is told: said once, not on each command's line.
+NONE_TOLD = (f"No message tells of their ends here (told: {records.Told.NO_WAY_IN}): list, and read with wait, "
+             "say how each went.")
+
+
+def list_text(entries: list[dict[str, Any]], told_once: bool = True) -> str:
+    """Two lines a command: how it is, then its command line, on one line whatever its arguments hold.
+    `told_once`: where none is told (no way in), say so once at the end, not on each command's line."""
     if not entries:
         return "No background command of this conversation's."
+    none_told = told_once and all(e["told"] == records.Told.NO_WAY_IN for e in entries)
     lines = []
     for e in entries:
         how = how_it_ended(e)
-        command = " ".join([e["program"], *e["args"]])
         how += " · waiting for input" if e.get("waiting") else ""
-        lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']} · "
-                     f"told: {e['told']}\n  {command}  (in {e['folder']})")
+        told = "" if none_told else f" · told: {e['told']}"
+        lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']}{told}"
+                     f"\n  {shown_command(e['program'], e['args'])}  (in {e['folder']})")
         if "unreadable" in e:
             lines.append(f"  output unreadable: {e['unreadable']}")
-    return "\n".join(lines)
+    return "\n".join(lines + [NONE_TOLD] if none_told else lines)

@@ -110,6 +110,8 @@ def _waited_note(waited: Waited | None, record: Shown) -> str:
     """Why a wait on a line returned, first among the notes."""
     if waited is None:
         return "kept output has ended: searched at once"
+    if waited.until == MATCH and waited.prompt:
+        return f"a prompt matched after {waited.seconds:.2f} s: its last line, not ended, and it waits for input"
     if waited.until == MATCH:
         return f"a line matched after {waited.seconds:.2f} s"
     if waited.until == END:

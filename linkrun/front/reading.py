@@ -46,7 +46,8 @@ def read_tool(background: bool, kept: bool) -> dict[str, Any]:
             "offset": {"type": "integer", "minimum": 0, "description": "The byte to read from, counted from its first byte."},
             "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
                      "description": "Seconds to wait when there is nothing new yet (at most 30); with "
-                                    "pattern, until a line matching it comes after offset, or the command ends."},
+                                    "pattern, until a line matching it comes after offset, or the command ends "
+                                    "(a prompt, its last line with no newline, matches once it waits for input)."},
             "lines": {"type": "string", "pattern": r"^(\d+(-\d*)?|-\d+)$",
                       "description": "Lines instead of bytes: 120-180 (lines 120 to 180), 120- (from line 120), "
                                      "120 (one line), -50 (the last 50). Line 1 is the first line kept."},

@@ -363,8 +363,7 @@ class Session:
         if not isinstance(arguments, dict):
             raise _BadParams("tools/call arguments must be an object")
         if name not in self.tools.table:
-            offered = ", ".join(self.tools.table) or "none"
-            raise _BadParams(f"Unknown tool: {name} (tools: {offered})")
+            raise _BadParams(self.tools.unknown(name))
         meta = params.get("_meta")
         return name, arguments, meta if isinstance(meta, dict) else {}
 

@@ -23,6 +23,7 @@ from .arguments import QUOTE_MAX, check_run, cut_values, quoted
 from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note
 from ..config import Serve
 from ..errors import LinkRunError, Refused
+from ..invocation import typed
 from .offer import Offer
 from .results import ToolResult, nullable
 
@@ -74,6 +75,8 @@ _COMMAND_OUTPUT = {
     "required": ["exit", "signal", "timed_out", "output_bytes", "errors_bytes", "seconds", "output", "errors",
                  "limit"],
 }
+# The tools of background commands, offered only with them on (read also with kept output).
+BACKGROUND_TOOLS = ("start", "list", "read", "write", "stop")
 # Of every tool's structured value, present only when not empty.
 _EVERY_TOOLS_OUTPUT = {
     name: {"type": "array", "items": {"type": "string"}, "description": description} for name, description in (
@@ -150,6 +153,22 @@ class Tools:
                 "openWorldHint": self.settings.proxy,
             },
         }
+
+    def unknown(self, name: str) -> str:
+        """The error for a call of a tool not offered: the tools that are, and
+        for a background tool, what turns background commands on."""
+        text = f"Unknown tool: {name} (tools: {', '.join(self.table) or 'none'})"
+        if name not in BACKGROUND_TOOLS:
+            return text
+        background = self.settings.background
+        if background is None:
+            return (f"{text}; background commands are off: they are offered when the agent's server starts as "
+                    f"`{typed('up --no-way-in')}` (add --no-way-in to the args its client starts it with), or "
+                    "with Link's way in, --way-in <address> --as <agent id>")
+        if background.running == 0:
+            return (f"{text}; background commands are off: the agent's spec sets [tool.run] background = 0; set "
+                    "it above 0 in Config/spec.toml in the agent's folder, then start the agent again")
+        return f"{text}; start is off: the sandbox file allows no program"
 
     def listing(self, version: str) -> list[dict[str, object]]:
         """The tools as a client at `version` may see them (fields by revision)."""

@@ -6,7 +6,9 @@ It waits as a `read` with `wait` does: on serve's one Watcher (inotify,
 through watchdog), woken by a change to the command's files, so a wait uses
 no CPU between writes. Every wake feeds the scanner what the file holds past
 what it was fed, so a line written in two pieces is matched once its newline
-comes; a last line without a newline is matched when the command ends.
+comes; a last line without a newline is matched when the command ends, or
+while it waits for input: a prompt. A last line that matches is looked at
+every PROMPT_LOOK seconds until one of those, or its newline, comes.
 
 The output file is held open across rotations: a rotation renames a new
 file over it, and the old one, whose bytes are final once the new one is in
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..detached import outread
+from ..detached.input import waiting_for_input
 from ..state import records
 from ..detached.lines import BLOCK, SCAN_SECONDS, SCREEN, Found, Scanner, line_at
 from ..errors import Refused
@@ -43,6 +46,7 @@ def wait_seconds(arguments: dict[str, Any]) -> float:
     return float(wait)
 
 MATCH, END, TIME = "match", "end", "time"  # why a wait on a line returned
+PROMPT_LOOK = 0.05  # seconds between looks at a command whose last line, not ended yet, matches
 PROGRESS_EVERY = 0.25
 
 
@@ -57,6 +61,7 @@ class Waited:
     kept_from: int
     total: int
     lost: int = 0  # bytes rotated away before they could be searched
+    prompt: bool = False  # the line matched is a prompt: its last, not ended, while the command waits for input
 
 
 class _Follower:
@@ -136,6 +141,15 @@ class _Search:
                 break
         self.found.to = scanner.offset
 
+    def prompt(self) -> bool:
+        """The last line, not ended yet, taken as found when it matches: the caller saw the command wait
+        for input with nothing more to read."""
+        lines = self.scanner.unfinished()
+        if lines:
+            self._take(lines)
+            self.found.next = lines[-1].offset + lines[-1].length  # its end: the next wait goes on from there
+        return bool(lines)
+
     def _take(self, lines: Any) -> None:
         for line in lines:
             if len(self.found.lines) < SCREEN:
@@ -172,16 +186,22 @@ def wait_for_line(background: Background, record: Shown, pattern: Any, offset: i
                 if search is not None:
                     # A long output already there is searched for SCAN_SECONDS at least, as a read without wait.
                     search.drain(max(deadline, started + SCAN_SECONDS), final=ended)
+                candidate = prompt = False
+                if search is not None and not search.found.lines and not ended and search.scanner.unfinished():
+                    candidate = True
+                    prompt = waiting_for_input(background.state, record) and search.prompt()
                 now = time.monotonic()
                 until = MATCH if search is not None and search.found.lines else END if ended else \
                     TIME if now >= deadline else None
                 if until is not None:
-                    return _waited(record, search, follower, until, now - started)
+                    answer = _waited(record, search, follower, until, now - started)
+                    answer.prompt = prompt
+                    return answer
                 waited = round(now - started, 1)
                 if progress is not None and (reported is None or waited >= reported + PROGRESS_EVERY):
                     progress(waited, wait)
                     reported = waited
-                watcher.wait_change(command_id, seen, min(1.0, deadline - now))
+                watcher.wait_change(command_id, seen, min(PROMPT_LOOK if candidate else 1.0, deadline - now))
         finally:
             follower.close()
 

@@ -3,7 +3,10 @@
 The supervisor (detached/input.py) holds the program's input; serve asks it,
 over its socket in the state folder, to write. One call is one request: a
 write is never sent twice. The answer is a read from the byte the output had
-reached before the write, so one call sends a line and shows its answer.
+reached before the write, so one call sends a line and shows its answer:
+all of it, not its first bytes. It is complete once the program waits for
+input again (a prompt is back), ends, or prints nothing for QUIET seconds;
+at most `wait` seconds after the write.
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ from .waiting import MAX_WAIT
 
 if TYPE_CHECKING:
     from ..detached.background import Background
+    from ..detached.outread import ReadChunk
     from ..state.records import Record
     from .calls import CallContext
 
-DEFAULT_WAIT = 1.0  # seconds a write waits for the first bytes of its answer
+DEFAULT_WAIT = 5.0  # seconds a write waits for its answer, at most: most answers are complete long before
 HOLD = 1.0  # seconds the supervisor may hold a write's answer for the output after it
 STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run
+QUIET = 0.5  # seconds without output after which a program that reads no more has answered
+# Once a program is quiet this long and waits for input again, its answer is complete. Not at
+# once: on a terminal the echo of the line comes before the program has woken to read it.
+PROMPT_QUIET = 0.05
+LOOK_EVERY = 0.05  # seconds between looks at a program that is quiet
 
 
 def write_tool() -> dict[str, Any]:
@@ -35,15 +44,16 @@ def write_tool() -> dict[str, Any]:
         "name": "write", "title": "Write to a background command",
         "description": ("Type text into a running background command's input (its terminal, when started with "
                         "tty): a line ends with \\n; control characters go as given (\\u0003 is Ctrl-C on a "
-                        "terminal, \\u0004 Ctrl-D). Answers with what it printed since, as read does, waiting up "
-                        f"to `wait` seconds (default {DEFAULT_WAIT:g}) for it; `eof` closes its input after the "
-                        "text. A command started with input has had its input: it takes no more."),
+                        "terminal, \\u0004 Ctrl-D). Answers with what it printed since, as read does, once "
+                        f"it waits for input again, ends, or prints nothing for {QUIET:g} s; at most `wait` "
+                        f"seconds (default {DEFAULT_WAIT:g}; 0 answers at once). `eof` closes its input after "
+                        "the text. A command started with input has had its input: it takes no more."),
         "inputSchema": {"type": "object", "properties": {
             "id": {"type": "string", "description": "The command's id, as start answered it."},
             "text": {"type": "string", "description": "What to write, exactly (up to 64 KiB as UTF-8)."},
             "eof": {"type": "boolean", "description": "Close its input after the text (a pipe's end of file)."},
             "wait": {"type": "number", "minimum": 0, "maximum": MAX_WAIT,
-                     "description": "Seconds to wait for its first output after the write (at most 30)."},
+                     "description": "Seconds to wait for its answer after the write, at most (up to 30)."},
         }, "required": ["id"], "additionalProperties": False},
         "outputSchema": {"type": "object", "properties": {
             "id": {"type": "string"}, "state": {"type": "string"}, "written": {"type": "integer"},
@@ -79,12 +89,38 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
         raise Refused(f"nothing was written to {command_id}: {reply['error']}")
     left = 0.0 if reply.get("output") else max(0.0, wait - (time.monotonic() - began))
     chunk = background.read({"id": command_id, "offset": before}, meta, left, report)
+    if chunk.data and not chunk.ended and wait > 0:
+        echo = data.replace(b"\n", b"\r\n") if record.get("tty") else b""
+        chunk = _answered(background, chunk, before, echo, began + wait, meta)
     result = read_answer(chunk, before, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))
     assert result.structured is not None  # a read's answer has its value
     result.structured.update({"written": len(data), "waiting": result.structured.get("waiting", False)})
     return result
+
+
+def _answered(background: Background, chunk: ReadChunk, before: int, echo: bytes, deadline: float,
+              meta: dict[str, Any]) -> ReadChunk:
+    """The output from `before` once the program's answer is complete (the module's docstring says when).
+    `chunk` is its first bytes; on a terminal, output that is only the `echo` of what was written is not
+    an answer yet."""
+    command_id, reached, printed = chunk.record["id"], chunk.next, chunk.data[:len(echo) + 1]
+    quiet_since = time.monotonic()
+    while (now := time.monotonic()) < deadline:
+        more = background.read({"id": command_id, "offset": reached}, meta, min(LOOK_EVERY, deadline - now))
+        now = time.monotonic()
+        if more.data:
+            reached, quiet_since = more.next, now
+            printed = (printed + more.data)[:len(echo) + 1]
+        if more.ended:
+            break
+        quiet = now - quiet_since
+        if echo.startswith(printed):
+            continue  # only its echo so far: the program has not answered
+        if quiet >= QUIET or (quiet >= PROMPT_QUIET and program_input.waiting_for_input(background.state, more.record)):
+            break
+    return background.read({"id": command_id, "offset": before}, meta, 0)
 
 
 def _checked(arguments: dict[str, Any]) -> tuple[bytes, bool, float]:

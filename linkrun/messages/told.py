@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 
 from ..state.records import State, killed_by_limit, limit_words
 from ..units import elapsed, format_duration, killed_by_note, local_time
@@ -33,7 +34,7 @@ def told_text(record: Record, last_bytes: bytes) -> str:
     from ..processes.capture import utf8_tail
 
     id_ = record["id"]
-    command = " ".join(_quoted(word) for word in [record["program"], *record.get("args", [])])
+    command = shown_command(record["program"], record.get("args", []))
     first = f"Background command {id_} ({command}, started {local_time(record['started'])}) {_ending(record)}"
     if record["state"] == State.FAILED_TO_START:
         return first + "."
@@ -103,6 +104,14 @@ def _seconds(record: Record) -> float:
 
 
 _PLAIN_WORD = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
+# Newline, tab and CR as bash's $'...' also reads them: a script's lines read better than as \x0a.
+_SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def shown_command(program: str, args: Sequence[str]) -> str:
+    """A command line on one line, each word as a shell would need it (the
+    told messages, and `list`): a multi-line script cannot break a layout."""
+    return " ".join(_quoted(word) for word in [program, *args])
 
 
 def _quoted(word: str) -> str:
@@ -111,7 +120,8 @@ def _quoted(word: str) -> str:
     if _PLAIN_WORD.fullmatch(word):
         return word
     if not word.isprintable():
-        escaped = "".join("\\" + c if c in "'\\" else c if c.isprintable() else _escape(c) for c in word)
+        escaped = "".join("\\" + c if c in "'\\" else c if c.isprintable() else _SHORT_ESCAPES.get(c) or _escape(c)
+                          for c in word)
         return f"$'{escaped}'"
     return "'" + word.replace("'", "'\\''") + "'"
 

@@ -102,11 +102,11 @@ def settle(record: Record, outcome: OutcomeName) -> None:
 
 def text(record: Record, batch: LinesBatch) -> str:
     """The message: what the command is, then the lines between markers whose nonce it cannot know."""
-    from .told import _nonce, _quoted, _shown
+    from .told import _nonce, _shown, shown_command
     from ..units import local_time
 
     id_ = record["id"]
-    command = " ".join(_quoted(word) for word in [record["program"], *record.get("args", [])])
+    command = shown_command(record["program"], record.get("args", []))
     count = len(batch["lines"]) + batch["more"]
     shown, changed = _shown("".join(f"@{offset}: {line}\n" for offset, line in batch["lines"]).encode())
     note = (" (control and invisible characters shown as \\x or \\u escapes; read gives the raw bytes)"

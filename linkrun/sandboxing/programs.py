@@ -19,10 +19,14 @@ class Programs:
     """The allowlist of `--program`: bare names found on the programs path,
     absolute paths, or `*` for any of either."""
 
-    def __init__(self, allowed: tuple[str, ...], search_path: str, sandbox: tuple[str, ...] = ()):
+    def __init__(self, allowed: tuple[str, ...], search_path: str, sandbox: tuple[str, ...] = (),
+                 missing: tuple[str, ...] = (), sandbox_file: str | None = None):
         self.any = "*" in allowed
         self.names = tuple(p for p in allowed if p != "*" and not p.startswith("/"))
         self.paths = tuple(p for p in allowed if p.startswith("/"))
+        self.missing = missing  # allowed too, but not on this machine when up looked (--missing-program)
+        # Where more are allowed, for a refusal: the agent's sandbox file (serve run by hand knows none).
+        self.sandbox_file = sandbox_file or "the agent's sandbox file (Config/sandbox.toml in its folder)"
         self.search_path = search_path
         self._lookups = _Lookups(_folders(search_path))
         self.bound = bound_folders(sandbox)
@@ -52,6 +56,8 @@ class Programs:
             if program != os.path.normpath(program):
                 raise Refused(f"program {program!r} is not a plain absolute path", "give it without '.' or '..'")
             if not _executable(program):
+                if program in self.paths or program in self.missing:
+                    raise self._lacking(program)
                 raise Refused(f"program {program} is not found or not executable", self.allowed_text())
             if program in self.paths or any(self._which(n) == program for n in self.names):
                 return program
@@ -61,13 +67,25 @@ class Programs:
                                   "its folder is not shown inside; run a program of the system folders, "
                                   "or name this one in the sandbox file's [commands] allow")
                 return program
-            raise Refused(f"program {program} is not allowed", self.allowed_text())
+            raise Refused(f"program {program} is not allowed", self.how_to_allow())
+        if program in self.missing:
+            raise self._lacking(repr(program))
         if not (self.any or program in self.names):
-            raise Refused(f"program {program!r} is not allowed", self.allowed_text())
+            raise Refused(f"program {program!r} is not allowed", self.how_to_allow())
         path = self._which(program)
         if path is None:
-            raise Refused(f"program {program!r} is not found on this computer", self.allowed_text())
+            raise self._lacking(repr(program))
         return path
+
+    def _lacking(self, program: str) -> Refused:
+        """An allowed program that is not here: said as `doctor` says it, with what to do (not "not allowed")."""
+        return Refused(f"program {program} is allowed, but not found on this machine",
+                       f"install it, then start the agent again, or run another program; {self.allowed_text()}")
+
+    def how_to_allow(self) -> str:
+        """What may run, and how the user allows more."""
+        return (f"{self.allowed_text()}; to allow more, add it to [commands] allow in {self.sandbox_file}, "
+                "then start the agent again")
 
     def allowed_text(self) -> str:
         if self.any:

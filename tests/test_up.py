@@ -249,3 +249,43 @@ def test_a_call_whose_syscall_filter_is_gone_is_refused_not_run_unfiltered(box, 
     assert refused.get("isError") and "syscall filter" in text_of(refused), text_of(refused)
     assert not (box.files / "work" / "ran").exists()
     assert server.close() == 0
+
+
+@pytest.mark.parametrize("kept,text,said", [
+    ("sandbox.toml", "[bogus]\n", "unknown section [bogus]"),
+    ("sandbox.toml", "[limits]\nmemory = \"lots\"\n", "lots"),
+])
+def test_a_kept_file_mended_wrong_is_said_in_every_calls_answer_not_only_in_the_clients_log(box, servers, kept,
+                                                                                          text, said):
+    # A new user's trial: up ended before its handshake, and the client showed only a broken pipe.
+    config = box.root / "Config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / kept).write_text(text)
+    server = servers(SERVER + ["up", "--agent", str(box.root), "--no-way-in"], env=box.env)
+    server.initialize()
+    assert "command" in [tool["name"] for tool in server.request("tools/list")["result"]["tools"]]
+    for name, arguments in (("command", {"program": "sh", "args": ["-c", ": > ran"]}),
+                            ("start", {"program": "sh", "args": ["-c", ": > ran"]})):
+        result = server.call(name, arguments)
+        assert result.get("isError") and said in text_of(result) and str(config / kept) in text_of(result), \
+            text_of(result)
+        assert "start the agent again" in text_of(result), text_of(result)
+    assert not (box.root / "Files" / "ran").exists()
+    assert server.close() == 1
+
+
+def test_before_a_terminal_up_ends_at_once_on_a_kept_file_mended_wrong(box):
+    import pty
+
+    config = box.root / "Config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "sandbox.toml").write_text("[bogus]\n")
+    ours, theirs = pty.openpty()
+    try:
+        done = subprocess.run(SERVER + ["up", "--agent", str(box.root)], env=box.env, stdin=theirs,
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(ours)
+        os.close(theirs)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "unknown section [bogus]" in done.stderr

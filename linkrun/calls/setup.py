@@ -74,14 +74,29 @@ def check_exec_size(launch: Launch) -> None:
 
 
 def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: str | None) -> None:
-    """What `up` checks of the agent's folder `root`: its /etc view made
-    current, then its sandbox started once (sandboxing/probe.py). Raises
-    LinkRunError naming the fix."""
+    """What `up` checks of the agent's folder `root`: its kept sandbox file
+    followed, its /etc view made current, then its sandbox started once
+    (sandboxing/probe.py). Raises LinkRunError naming the fix."""
     from ..sandboxing import etcview, probe
 
     folder = agent.locate(root)
+    kept_files_followed(folder)
     etcview.made_current(folder.state)
     probe.probe(fixed, folder, write, seccomp)
+
+
+def kept_files_followed(folder: agent.AgentFolder) -> None:
+    """The agent's kept sandbox file, read as `up` reads it: one the user
+    mended wrong had `up` start serve on the embedded defaults (up.py), and
+    then nothing may run. Raises LinkRunError naming the fix."""
+    from ..errors import LinkRunError
+    from ..sandboxing import sandbox
+
+    try:
+        sandbox.load(folder.sandbox_file)
+    except LinkRunError as problem:
+        hint = f"{problem.hint}; then" if problem.hint else "mend it, then"
+        raise LinkRunError(problem.message, f"{hint} start the agent again (its MCP client starts it)") from None
 
 
 def check_proxy_settings(state: str) -> None:

@@ -289,3 +289,14 @@ def test_before_a_terminal_up_ends_at_once_on_a_kept_file_mended_wrong(box):
         os.close(theirs)
     assert done.returncode == 1 and done.stdout == ""
     assert "unknown section [bogus]" in done.stderr
+
+
+def test_the_small_tools_a_model_calls_by_name_run_with_the_defaults(box, servers):
+    # A new user's trial: `echo hi` was refused as not allowed (sh -c 'echo hi' ran).
+    server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
+    server.initialize()
+    for program, args, printed in (("echo", ["hi"], "hi"), ("pwd", [], str(box.root / "Files")),
+                                   ("env", [], "HOME="), ("printf", ["%s", "x"], "x")):
+        result = server.call("command", {"program": program, "args": args})
+        assert not result.get("isError") and printed in text_of(result), text_of(result)
+    assert server.close() == 0

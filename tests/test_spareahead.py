@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
-from ahead_helpers import MADE_AHEAD, children, made_ahead
+from ahead_helpers import MADE_AHEAD, children, comm, made_ahead
 from conftest import pid_alive, text_of, wait_for
 from up_harness import META, processes_with
 
@@ -86,7 +86,23 @@ def test_a_sandbox_made_ahead_ends_with_serve_or_with_its_supervisor_killed_and_
     up.server.close(timeout=15)  # serve's end: the warm fork server's, and the supervisor ahead's
     wait_for(lambda: gone(supervisor) and gone(sandbox) and all(map(gone, init)),
              what="the sandbox made ahead to end with serve")
-    assert not [pid for pid in processes_with(str(up.state)) if not gone(pid)]
+    # The warm fork server ends once it reads serve's end of file, a moment after serve: waited for, not raced.
+    try:
+        wait_for(lambda: not running_with(str(up.state)), what="every process of the agent's to end")
+    except AssertionError:
+        raise AssertionError(f"still running after serve's end: {running_with(str(up.state))}") from None
+
+
+def running_with(text: str) -> list[str]:
+    """The processes whose command line holds `text`, as pid and command line, zombies left out."""
+    found = []
+    for pid in processes_with(text):
+        try:
+            if not gone(pid):
+                found.append(f"{pid} {comm(pid)}")
+        except OSError:
+            continue
+    return found
 
 
 def groups_of(maker: int) -> list[str]:

@@ -416,13 +416,16 @@ def end_orphans(parent: str, version: int) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the maker runs. A zombie does not: a supervisor killed outright is nobody's child that
+    waits, and its reaper may reap on a timer (a container's init: seconds), past the next group's look."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's: alive
-    return True
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False  # gone, or reaped between the two looks
+    except OSError:
+        return True  # another user's, or hidden from us: left alone
 
 
 def _settings(version: int, controller: str, limits: Limits, folder: str) -> list[tuple[str, str]]:

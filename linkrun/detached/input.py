@@ -144,6 +144,8 @@ class InputPort:
 
     def answer(self, request: dict[str, Any], data: bytes) -> dict[str, Any]:
         if request.get("op") == "look":
+            if self.watch is not None:
+                self.watch.pump_now()  # what it printed before it went to wait is in the file first
             return {"waiting": self.waiting()}
         if self.given:
             return {"error": "it was given its input at start (input), then its end"}
@@ -193,11 +195,16 @@ class InputPort:
             os.close(self.write_end)
 
     def waiting(self) -> bool:
-        """Whether a process of the command is blocked reading its input, with nothing left in it."""
+        """Whether a process of the command is blocked reading its input, with nothing left in it. On a
+        terminal, also its relay asleep (util-linux's script, reading our pipe): it has passed on all the
+        program printed before it went to wait, which the look then moves to the file (pump_now)."""
         if self.closed or self.pending or _unread(self.write_end) != 0:
             return False
         pipe = f"pipe:[{self.pipe}]"
-        return any(_reads(pid, pipe, self.tty) for pid in descendants(self.gate_pid))
+        processes = descendants(self.gate_pid)
+        if not any(_reads(pid, pipe, self.tty) for pid in processes):
+            return False
+        return not self.tty or all(_asleep(pid) for pid in processes if _stdin(pid) == pipe)
 
     def close(self) -> None:
         """At the program's end: no more writes; connects are refused from now on."""
@@ -245,6 +252,22 @@ def descendants(pid: int) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def _stdin(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/0")
+    except OSError:
+        return ""
+
+
+def _asleep(pid: int) -> bool:
+    """Asleep, not woken to run: a process woken has no wait channel, and work to do."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"S"
+    except OSError:
+        return True  # ended: it passes nothing on
 
 
 def _reads(pid: int, pipe: str, tty: bool) -> bool:

@@ -33,10 +33,7 @@ DEFAULT_WAIT = 5.0  # seconds a write waits for its answer, at most: most answer
 HOLD = 1.0  # seconds the supervisor may hold a write's answer for the output after it
 STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run
 QUIET = 0.5  # seconds without output after which a program that reads no more has answered
-# Once a program is quiet this long and waits for input again, its answer is complete. Not at
-# once: on a terminal the echo of the line comes before the program has woken to read it.
-PROMPT_QUIET = 0.05
-LOOK_EVERY = 0.05  # seconds between looks at a program that is quiet
+LOOK_EVERY = 0.05  # seconds between looks at a program that has not answered yet
 
 
 def write_tool() -> dict[str, Any]:
@@ -90,8 +87,7 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     left = 0.0 if reply.get("output") else max(0.0, wait - (time.monotonic() - began))
     chunk = background.read({"id": command_id, "offset": before}, meta, left, report)
     if chunk.data and not chunk.ended and wait > 0:
-        echo = data.replace(b"\n", b"\r\n") if record.get("tty") else b""
-        chunk = _answered(background, chunk, before, echo, began + wait, meta)
+        chunk = _answered(background, chunk, before, began + wait, meta)
     result = read_answer(chunk, before, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))
@@ -100,25 +96,21 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     return result
 
 
-def _answered(background: Background, chunk: ReadChunk, before: int, echo: bytes, deadline: float,
+def _answered(background: Background, chunk: ReadChunk, before: int, deadline: float,
               meta: dict[str, Any]) -> ReadChunk:
-    """The output from `before` once the program's answer is complete (the module's docstring says when).
-    `chunk` is its first bytes; on a terminal, output that is only the `echo` of what was written is not
-    an answer yet."""
-    command_id, reached, printed = chunk.record["id"], chunk.next, chunk.data[:len(echo) + 1]
-    quiet_since = time.monotonic()
-    while (now := time.monotonic()) < deadline:
-        more = background.read({"id": command_id, "offset": reached}, meta, min(LOOK_EVERY, deadline - now))
+    """The output from `before` once the program's answer is complete (the module's docstring says
+    when); `chunk` is its first bytes. Its supervisor's look says it waits only once it went back to
+    wait after the write, with what it printed in the file: a program woken by the write, or by a
+    terminal's echo of it, is not waiting until it has run (a process woken has no wait channel)."""
+    command_id, reached, quiet_since, more = chunk.record["id"], chunk.next, time.monotonic(), chunk
+    while not program_input.waiting_for_input(background.state, more.record):
         now = time.monotonic()
-        if more.data:
-            reached, quiet_since = more.next, now
-            printed = (printed + more.data)[:len(echo) + 1]
-        if more.ended:
+        if now - quiet_since >= QUIET or now >= deadline:
             break
-        quiet = now - quiet_since
-        if echo.startswith(printed):
-            continue  # only its echo so far: the program has not answered
-        if quiet >= QUIET or (quiet >= PROMPT_QUIET and program_input.waiting_for_input(background.state, more.record)):
+        more = background.read({"id": command_id, "offset": reached}, meta, min(LOOK_EVERY, deadline - now))
+        if more.data:
+            reached, quiet_since = more.next, time.monotonic()
+        if more.ended:
             break
     return background.read({"id": command_id, "offset": before}, meta, 0)
 

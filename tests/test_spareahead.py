@@ -38,7 +38,7 @@ def gone(pid: int) -> bool:
 def test_a_background_program_runs_in_the_sandbox_made_ahead_and_finds_what_a_call_finds(up_as):
     up = up_as
     up.wait_ended(up.start("sh", "-c", ":"))  # the warm fork server runs from serve's first answer
-    wait_for(lambda: made_ahead(up.state), what="a sandbox made ahead")
+    wait_for(lambda: made_ahead(up.state), timeout=30, what="a sandbox made ahead")
     command_id = up.start("sh", "-c", f"read x; echo \"got $x\"; {PROBE}")
     result = up.server.call("write", {"id": command_id, "text": "it\n"}, meta=META, timeout=60)
     assert not result.get("isError"), text_of(result)
@@ -52,7 +52,7 @@ def test_a_background_program_runs_in_the_sandbox_made_ahead_and_finds_what_a_ca
 def test_a_sandbox_made_ahead_that_no_longer_shows_what_one_made_now_would_is_not_taken(up_as):
     up = up_as
     up.wait_ended(up.start("sh", "-c", ":"))
-    wait_for(lambda: made_ahead(up.state), what="a sandbox made ahead")
+    wait_for(lambda: made_ahead(up.state), timeout=30, what="a sandbox made ahead")
     work = up.agent / "Files" / "work"
     owner = work.stat()
     work.rename(work.with_name("work.old"))  # the write folder the sandbox made ahead binds
@@ -62,7 +62,7 @@ def test_a_sandbox_made_ahead_that_no_longer_shows_what_one_made_now_would_is_no
     assert output_of(up, stale) == "ran\n"
     assert "forked ahead" in log_of(up, stale) and MADE_AHEAD not in log_of(up, stale)
     assert (work / "ran").read_text() == "ran\n"  # the new folder, not the one it replaced
-    wait_for(lambda: made_ahead(up.state), what="a sandbox made ahead of the new folder")
+    wait_for(lambda: made_ahead(up.state), timeout=30, what="a sandbox made ahead of the new folder")
     fresh = up.start("sh", "-c", "cat work/ran")
     assert output_of(up, fresh) == "ran\n" and MADE_AHEAD in log_of(up, fresh)
 
@@ -70,7 +70,7 @@ def test_a_sandbox_made_ahead_that_no_longer_shows_what_one_made_now_would_is_no
 def test_a_sandbox_made_ahead_ends_with_serve_or_with_its_supervisor_killed_and_its_group_goes(up_as):
     up = up_as
     up.wait_ended(up.start("sh", "-c", ":"))
-    found = wait_for(lambda: made_ahead(up.state), what="a sandbox made ahead")
+    found = wait_for(lambda: made_ahead(up.state), timeout=30, what="a sandbox made ahead")
     supervisor, sandbox = found
     init = children(sandbox)
     assert groups_of(supervisor) or up.who == "user"  # as root, here, the limits hold through cgroups
@@ -79,7 +79,7 @@ def test_a_sandbox_made_ahead_ends_with_serve_or_with_its_supervisor_killed_and_
     # The warm fork server learns it is gone at the next start, which gets a supervisor forked then;
     # the next one ahead makes a sandbox, and its first group removes the orphan's.
     up.wait_ended(up.start("sh", "-c", ":"))
-    wait_for(lambda: made_ahead(up.state), what="the next sandbox made ahead")
+    wait_for(lambda: made_ahead(up.state), timeout=30, what="the next sandbox made ahead")
     wait_for(lambda: not groups_of(supervisor), what="the killed supervisor's groups to be removed")
     supervisor, sandbox = made_ahead(up.state)
     init = children(sandbox)

@@ -288,5 +288,8 @@ def test_a_write_on_a_terminal_answers_with_the_programs_reply_not_only_its_echo
     wait_for(lambda: up.read(session)[0]["waiting"], what="the prompt to be seen waiting")
     answer = up_write(up, id=session, text="print(6 * 7)\n", wait=10)
     assert "42\r\n>>> " in answer["text"] and answer["waiting"], answer
+    # Silent for a second after the echo: at work, not done.
+    answer = up_write(up, id=session, text="import time; time.sleep(1); print('slept')\n", wait=10)
+    assert "slept\r\n>>> " in answer["text"] and answer["waiting"], answer
     up_write(up, id=session, text="exit()\n", wait=0)
     up.wait_ended(session)

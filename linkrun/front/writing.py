@@ -87,7 +87,8 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     left = 0.0 if reply.get("output") else max(0.0, wait - (time.monotonic() - began))
     chunk = background.read({"id": command_id, "offset": before}, meta, left, report)
     if chunk.data and not chunk.ended and wait > 0:
-        chunk = _answered(background, chunk, before, began + wait, meta)
+        echo = data.replace(b"\n", b"\r\n") if record.get("tty") else b""
+        chunk = _answered(background, chunk, before, echo, began + wait, meta)
     result = read_answer(chunk, before, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))
@@ -96,20 +97,23 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     return result
 
 
-def _answered(background: Background, chunk: ReadChunk, before: int, deadline: float,
+def _answered(background: Background, chunk: ReadChunk, before: int, echo: bytes, deadline: float,
               meta: dict[str, Any]) -> ReadChunk:
     """The output from `before` once the program's answer is complete (the module's docstring says
     when); `chunk` is its first bytes. Its supervisor's look says it waits only once it went back to
     wait after the write, with what it printed in the file: a program woken by the write, or by a
-    terminal's echo of it, is not waiting until it has run (a process woken has no wait channel)."""
+    terminal's echo of it, is not waiting until it has run (a process woken has no wait channel).
+    On a terminal, quiet after no more than the `echo` of the write is a program at work, not done."""
     command_id, reached, quiet_since, more = chunk.record["id"], chunk.next, time.monotonic(), chunk
+    printed = chunk.data[:len(echo) + 1]
     while not program_input.waiting_for_input(background.state, more.record):
         now = time.monotonic()
-        if now - quiet_since >= QUIET or now >= deadline:
+        if (now - quiet_since >= QUIET and not echo.startswith(printed)) or now >= deadline:
             break
         more = background.read({"id": command_id, "offset": reached}, meta, min(LOOK_EVERY, deadline - now))
         if more.data:
             reached, quiet_since = more.next, time.monotonic()
+            printed = (printed + more.data)[:len(echo) + 1]
         if more.ended:
             break
     return background.read({"id": command_id, "offset": before}, meta, 0)

@@ -1,5 +1,5 @@
 """What `os` lacks for speaking to the kernel: a small kernel file read in
-one call or held for reading again, a buffer written whole, and the libc functions `os` has no wrapper for (`tee`,
+one call or held for reading again, a process's stat fields, a buffer written whole, and the libc functions `os` has no wrapper for (`tee`,
 `renameat2`, inotify's, `keyctl` through `syscall`), through ctypes, loaded at the first use, so a
 process that needs none never loads it. Stdlib only."""
 
@@ -23,6 +23,16 @@ def write_all(fd: int, data: bytes, after_each: Callable[[], None] | None = None
         view = view[os.write(fd, view):]
         if after_each is not None:
             after_each()
+
+
+def process_stat(pid: int) -> list[bytes] | None:
+    """The fields of a process's /proc stat after its name (its state first: b"S", b"Z"…), or None when it
+    is gone. Raises PermissionError where /proc hides it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
 
 
 def read_small(path: str, limit: int = 1 << 16) -> bytes | None:

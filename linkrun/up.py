@@ -107,7 +107,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
     which raise LinkRunError naming the fix. What the handshake says (the
     programs kept, the limits, the folders) is known without them."""
     flags, route, way_in = _check_flags(argv, environ)
-    folder, settings, run, broken = _agent_files(flags, environ)
+    folder, settings, run, followed = _agent_files(flags, environ)
     keyring = way_in.keyring or os.path.abspath(agent_folder.default_keyring(environ))
     fixed, kept, host = sandbox.build(folder, settings, environ, keyring, etc_view=False)
     # The embedded list names more than most machines have; what the user added and the machine lacks is news.
@@ -118,10 +118,10 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
     write = sandbox.write_folders(settings)
     filter_path = seccomp.for_agent(folder.state)
 
-    def check() -> None:  # a kept file mended wrong (`broken`) fails here first
+    def check() -> None:  # a kept sandbox file mended wrong (not `followed`) fails here first
         up_checks(folder.root, fixed, write, filter_path)
 
-    if broken is None:  # the defaults' hosts must not replace those a running proxy follows
+    if followed:  # the defaults' hosts must not replace those a running proxy follows
         _prepare_internet(folder, settings, route, way_in)
     serve = [sys.executable, "-I", "-m", "linkrun", "serve", "--files", folder.files,
              "--programs-path", hostfacts.SYSTEM_PATH, "--timeout", run["--timeout"], "--output", run["--output"]]
@@ -152,7 +152,7 @@ def _check_flags(argv: list[str], environ: Mapping[str, str]) -> tuple[Flags, st
 
 
 def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder.AgentFolder, sandbox.SandboxFile,
-                                                                   dict[str, str], LinkRunError | None]:
+                                                                   dict[str, str], bool]:
     """The agent's folder, made, with the sandbox file and the run settings it
     follows: the ones given (checked before anything is created or copied,
     then kept in Config/), else the ones kept, else the embedded defaults.
@@ -163,13 +163,14 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     embedded defaults, and its checks (calls/setup.py reads the file again)
     fail with the reason, so every call that runs a program is refused with
     what is wrong and where, which the model reads and can tell the user.
-    Before a person at a terminal, `up` ends with it, as before."""
+    Before a person at a terminal, `up` ends with it, as before. The last
+    value: whether the sandbox file is followed (not: the defaults are)."""
     sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
     settings = sandbox.load(sandbox_path) if sandbox_path else None
     run = run_settings(read_toml(spec_path, "spec"), spec_path) if spec_path else None
 
     folder = agent_folder.create(flags.get("--agent") or agent_folder.default_root(environ))
-    broken: LinkRunError | None = None
+    followed = True
     if sandbox_path:
         _keep(sandbox_path, folder.sandbox_file)
     else:
@@ -178,22 +179,22 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
         try:
             settings = sandbox.load(folder.sandbox_file)
         except LinkRunError as problem:
-            settings, broken = sandbox.load(None), _served(problem)
+            _say_served(problem)
+            settings, followed = sandbox.load(None), False
     if spec_path:
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
         run = run_settings(read_toml(folder.spec_file, "spec"), folder.spec_file)
     assert settings is not None
-    return folder, settings, run if run is not None else run_settings({}, "the embedded defaults"), broken
+    return folder, settings, run if run is not None else run_settings({}, "the embedded defaults"), followed
 
 
-def _served(problem: LinkRunError) -> LinkRunError:
+def _say_served(problem: LinkRunError) -> None:
     """A kept file's problem, to be said through serve's answers (raised at once before a terminal)."""
     if os.isatty(0):
         raise problem
     logger.error(f"{problem}; serve starts on the embedded defaults, and refuses every call that runs a "
                  "program, saying why, until it is mended and the agent started again")
-    return problem
 
 
 def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, route: str | None,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .. import agent
 from ..config import Serve
-from ..errors import Refused
+from ..errors import LinkRunError, Refused
 from ..sandboxing.launch import Launch, Sandbox
 from ..sandboxing.programs import Programs
 from ..state import layout
@@ -89,7 +89,6 @@ def kept_files_followed(folder: agent.AgentFolder) -> None:
     """The agent's kept sandbox file, read as `up` reads it: one the user
     mended wrong had `up` start serve on the embedded defaults (up.py), and
     then nothing may run. Raises LinkRunError naming the fix."""
-    from ..errors import LinkRunError
     from ..sandboxing import sandbox
 
     try:

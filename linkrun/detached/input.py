@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Refused
+from ..kernel import process_stat
 from ..state import layout
 from ..state.records import State
 
@@ -264,17 +265,17 @@ def _stdin(pid: int) -> str:
 def _asleep(pid: int) -> bool:
     """Asleep, not woken to run: a process woken has no wait channel, and work to do."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"S"
+        fields = process_stat(pid)
     except OSError:
-        return True  # ended: it passes nothing on
+        return False  # hidden: not known to be asleep
+    return fields is None or fields[0] == b"S"  # None: ended, it passes nothing on
 
 
 def _reads(pid: int, pipe: str, tty: bool) -> bool:
     """Whether the process is asleep in a read of its input: our pipe, or with `tty` its terminal (a pts of
     the sandbox's own devpts, which the terminal's relay feeds from our pipe as it comes)."""
     try:
-        link = os.readlink(f"/proc/{pid}/fd/0")
+        link = _stdin(pid)
         if link != pipe and not (tty and "pts/" in link):
             return False
         with open(f"/proc/{pid}/wchan") as f:

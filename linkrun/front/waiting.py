@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..detached import outread
 from ..detached.input import waiting_for_input
 from ..state import records
-from ..detached.lines import BLOCK, SCAN_SECONDS, SCREEN, Found, Scanner, line_at
+from ..detached.lines import BLOCK, SCAN_SECONDS, SCREEN, Found, Line, Scanner, line_at
 from ..errors import Refused
 
 if TYPE_CHECKING:
@@ -141,14 +141,11 @@ class _Search:
                 break
         self.found.to = scanner.offset
 
-    def prompt(self) -> bool:
-        """The last line, not ended yet, taken as found when it matches: the caller saw the command wait
-        for input with nothing more to read."""
-        lines = self.scanner.unfinished()
-        if lines:
-            self._take(lines)
-            self.found.next = lines[-1].offset + lines[-1].length  # its end: the next wait goes on from there
-        return bool(lines)
+    def take_prompt(self, lines: list[Line]) -> None:
+        """The last line, not ended yet (`Scanner.unfinished`), taken as found: the caller saw the command
+        wait for input with nothing more to read."""
+        self._take(lines)
+        self.found.next = lines[-1].offset + lines[-1].length  # its end: the next wait goes on from there
 
     def _take(self, lines: Any) -> None:
         for line in lines:
@@ -186,10 +183,13 @@ def wait_for_line(background: Background, record: Shown, pattern: Any, offset: i
                 if search is not None:
                     # A long output already there is searched for SCAN_SECONDS at least, as a read without wait.
                     search.drain(max(deadline, started + SCAN_SECONDS), final=ended)
-                candidate = prompt = False
-                if search is not None and not search.found.lines and not ended and search.scanner.unfinished():
-                    candidate = True
-                    prompt = waiting_for_input(background.state, record) and search.prompt()
+                # A last line not ended yet that matches: a prompt, once the command waits for input.
+                candidate = search.scanner.unfinished() if search is not None and not search.found.lines \
+                    and not ended else []
+                prompt = bool(candidate) and waiting_for_input(background.state, record)
+                if prompt:
+                    assert search is not None  # a candidate comes from a search
+                    search.take_prompt(candidate)
                 now = time.monotonic()
                 until = MATCH if search is not None and search.found.lines else END if ended else \
                     TIME if now >= deadline else None

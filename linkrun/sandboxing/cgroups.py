@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from ..config import CONTROLLERS, Limits
-from ..kernel import HeldFiles, read_small
+from ..kernel import HeldFiles, process_stat, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -420,12 +420,12 @@ def _alive(pid: int) -> bool:
     waits, and its reaper may reap on a timer (a container's init: seconds), past the next group's look."""
     try:
         os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (ProcessLookupError, FileNotFoundError):
-        return False  # gone, or reaped between the two looks
+        fields = process_stat(pid)
+    except ProcessLookupError:
+        return False
     except OSError:
         return True  # another user's, or hidden from us: left alone
+    return fields is not None and fields[0] != b"Z"  # None: reaped between the two looks
 
 
 def _settings(version: int, controller: str, limits: Limits, folder: str) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ import os
 import re
 import time
 
+from ..kernel import process_stat
 from .filing import write_whole
 from .layout import BAD, LOCK, RECORD, STOP, path
 
@@ -341,7 +342,7 @@ def gate_alive(record: Record) -> bool:
         return True
     if record.get("boot_id") != boot_id():
         return False  # another boot: that process is long gone
-    fields = _stat(leader)
+    fields = process_stat(leader)
     # A zombie is gone too: its supervisor died, and no one may reap it soon.
     return fields is not None and fields[0] not in (b"Z", b"X") and int(fields[19]) == record.get("leader_start")
 
@@ -363,19 +364,10 @@ def boot_id() -> str:
 
 def process_start(pid: int) -> int | None:
     """A process's start time in clock ticks since boot (field 22 of its stat)."""
-    fields = _stat(pid)
+    fields = process_stat(pid)
     try:
         return int(fields[19]) if fields is not None else None
     except (IndexError, ValueError):
-        return None
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    """The fields of a process's stat after its name (the state first), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
 
 

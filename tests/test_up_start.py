@@ -17,6 +17,7 @@ import subprocess
 
 import orjson
 from conftest import LEGACY, SERVER, require_sandbox, text_of
+from kept_helpers import NUMBERS, keep_argv
 from sandbox_helpers import Agent, outer_sandbox
 
 from linkrun import up
@@ -133,3 +134,36 @@ def test_up_answers_initialize_before_it_loads_the_tool_layer_and_loads_it_for_t
     finally:
         server.communicate(timeout=30)  # closes its input: the server ends
     assert server.returncode == 0
+
+
+# What only background commands need: what starts, watches and admits them.
+BACKGROUND_MACHINERY = ("linkrun.detached.background", "linkrun.detached.gate", "linkrun.detached.warm",
+                        "linkrun.detached.admission", "linkrun.detached.watch")
+
+
+def test_a_call_whose_output_is_kept_loads_nothing_of_background_commands_where_they_are_off(tmp_path):
+    """The conversation a kept output belongs to is read for every call: in a
+    serve without background commands (up's default without a way in), that
+    reading loads none of their machinery (supervisors' gates, the warm forks)."""
+    files = tmp_path / "files"
+    (files / "work").mkdir(parents=True)
+    argv = keep_argv(files, tmp_path / "state")  # no --background: none offered
+    server = subprocess.Popen([argv[0], "-X", "importtime", *argv[1:]], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert server.stdin is not None
+    try:
+        for request_id, method, params in ((1, "initialize", {"protocolVersion": LEGACY, "capabilities": {},
+                                                                 "clientInfo": {"name": "t", "version": "0"}}),
+                                           (2, "tools/call", {"name": "command", "arguments": {
+                                               "program": "python3", "args": NUMBERS}})):
+            server.stdin.write(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
+                                             "params": params}) + b"\n")
+            server.stdin.flush()
+            loaded = imported_until_answered(server, request_id)
+        assert "linkrun.front.kept" in loaded, loaded  # the call's output was kept
+        assert not [name for name in BACKGROUND_MACHINERY if name in loaded], loaded
+        assert list((tmp_path / "state" / "kept").glob("*.out")), "the cut output was not kept"
+    finally:
+        server.communicate(timeout=30)
+    assert server.returncode == 0
+

@@ -30,6 +30,7 @@ from .watch import Watcher
 from ..config import Serve
 from ..errors import LinkRunError, Refused
 from ..kernel import write_all
+from ..messages.conversation import conversation
 from ..processes.runner import Request
 from ..units import local_time
 
@@ -37,40 +38,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..state.records import Record
 
-THREAD_KEY = "link.local/thread"
-HOPS_KEY = "link.local/hops"
-CLIENT_THREAD_KEY = "threadId"  # Codex's own thread, in every tools/call's _meta
-DEFAULT_THREAD = "default"  # the conversation of a plain client that names none
 STOP_WAIT = 5.0
 SETTLE_WAIT = 2.0  # seconds the end of a command whose supervisor is gone or ending may take to be written
 PROGRESS_EVERY = 0.25  # a waiting read reports its progress at most this often
 Entries = list[dict[str, Any]]  # commands as list and stop answer them (the class's own `list` hides the builtin)
 UNKNOWN = "no command of this conversation's has id {id!r}; list shows this conversation's commands"
-
-
-def conversation(meta: dict[str, Any], way_in: bool) -> tuple[str, int]:
-    """The call's conversation and its hops.
-
-    With a way in, the seeds' rule: no `link.local/thread`, no background
-    call. Without one (a plain MCP client, which cannot send it), a call that
-    names none belongs to the client's own thread where the client names one
-    (Codex sends `threadId`), else to the agent's one default conversation."""
-    thread = meta.get(THREAD_KEY)
-    if thread is None and not way_in:
-        thread = _client_thread(meta) or DEFAULT_THREAD
-    if not isinstance(thread, str) or not thread:
-        raise Refused("background commands need the conversation",
-                      f'the call\'s _meta must carry "{THREAD_KEY}" (a non-empty string); a harness that takes '
-                      "messages sets it")
-    hops = meta.get(HOPS_KEY, 0)
-    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
-        raise Refused(f'_meta "{HOPS_KEY}" must be a whole number of 0 or more', "leave it out for 0")
-    return thread, hops
-
-
-def _client_thread(meta: dict[str, Any]) -> str | None:
-    thread = meta.get(CLIENT_THREAD_KEY)
-    return thread if isinstance(thread, str) and thread else None
 
 
 def background_settings(settings: Serve) -> config.BackgroundSettings:

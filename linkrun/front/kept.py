@@ -35,6 +35,7 @@ from ..config import KeepSettings
 from ..state import layout, records
 from ..detached.outread import Look, ReadChunk, read_at
 from ..errors import Refused
+from ..messages.conversation import conversation
 from ..processes.keeper import Keeper
 from ..processes.runner import Outcome
 
@@ -92,7 +93,7 @@ class Kept:
 
     def __init__(self, settings: KeepSettings, way_in: bool, longest: float) -> None:
         self.settings = settings
-        self.way_in = way_in  # the conversation rules of background commands (background.conversation)
+        self.way_in = way_in  # the conversation rules of background commands (conversation.py)
         self.longest = longest  # the longest a call runs: a file younger than this may be in flight
         self._fd: int | None = None
         self._lock = threading.Lock()
@@ -116,8 +117,6 @@ class Kept:
 
     def owner(self, meta: dict[str, Any]) -> str | None:
         """The call's conversation, or None when it has none (a harness with a way in that names none)."""
-        from ..detached.background import conversation
-
         try:
             return conversation(meta, self.way_in)[0]
         except Refused:

@@ -13,6 +13,7 @@ import time
 
 from background_helpers import META, OTHER, background_argv, start, wait_ended, wait_running
 from conftest import parent_of, pid_alive, text_of, wait_for
+from node_helpers import NODE_DIR, need_node
 
 from linkrun.detached import input as program_input
 from linkrun.state import layout
@@ -292,4 +293,69 @@ def test_a_write_on_a_terminal_answers_with_the_programs_reply_not_only_its_echo
     answer = up_write(up, id=session, text="import time; time.sleep(1); print('slept')\n", wait=10)
     assert "slept\r\n>>> " in answer["text"] and answer["waiting"], answer
     up_write(up, id=session, text="exit()\n", wait=0)
+    up.wait_ended(session)
+
+
+# An event loop's prompt: asyncio waits for its input in epoll_wait(), beside a socket of its own for wake-ups.
+EVENT_LOOP_PROMPT = """
+import asyncio, sys
+async def main():
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while True:
+        print('? ', end='', flush=True)
+        line = await reader.readline()
+        if not line:
+            return
+        print('working', flush=True)
+        await asyncio.sleep(0.3)  # at work: its epoll_wait has a timeout, the timer's, and its input in its set
+        print('got', line.decode().strip(), flush=True)
+asyncio.run(main())
+"""
+
+
+def test_a_program_waiting_in_its_event_loop_is_seen_waiting_and_answered_at_once(bg, state):
+    # A new user's trial: Node's REPL was never seen waiting, so its writes waited out the quiet.
+    command_id = start(bg, program="python3", args=["-c", EVENT_LOOP_PROMPT])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the event loop to wait for its input")
+    began = time.monotonic()
+    answer = write(bg, id=command_id, text="it\n", wait=10)
+    assert (answer["text"], answer["waiting"]) == ("working\ngot it\n? ", True), answer
+    assert time.monotonic() - began < 0.8 + 0.3, "it waited out the quiet, not for the prompt"
+    # An event loop waiting on a timer alone, its input not among what it waits for, is not waiting for it.
+    sleeper = start(bg, program="python3", args=["-c", "import asyncio; print('in', flush=True); "
+                                                 "asyncio.run(asyncio.sleep(60))"])
+    wait_for(lambda: "in" in bg.call("read", {"id": sleeper}, meta=META)["structuredContent"]["text"],
+             what="the sleeper to wait")
+    assert listed(bg, sleeper)["waiting"] is False
+    for ended in (command_id, sleeper):
+        bg.call("stop", {"id": ended}, meta=META)
+        wait_ended(state, ended)
+
+
+# A prompt as npm init and the other Node tools ask it: readline, waited for in libuv's epoll_wait().
+NODE_PROMPTS = """
+const rl = require('readline').createInterface({input: process.stdin, output: process.stdout});
+rl.question('Project name: ', (name) => setTimeout(() => {
+    console.log('made ' + name);
+    rl.question('Version: ', (version) => { console.log('version ' + version); rl.close(); });
+}, 300));
+"""
+
+
+def test_in_the_sandbox_a_node_prompt_on_a_terminal_is_seen_waiting_and_its_answer_is_whole(up_as):
+    need_node(NODE_DIR, "tests/node is missing", sandboxed=True)
+    up = up_as
+    session = up_start(up, "node", "-e", NODE_PROMPTS, tty=True)
+    found = up.server.call("read", {"id": session, "pattern": "^Project name: ", "wait": 30}, meta=UP_META,
+                           timeout=60)
+    assert found["structuredContent"]["until"] == "match", text_of(found)
+    assert "a prompt matched" in text_of(found)
+    # Node at work on its timer (a timeout in its epoll_wait) is not waiting: the answer runs to the next prompt.
+    answer = up_write(up, id=session, text="demo\n", wait=10)
+    assert answer["text"].startswith("demo") and answer["text"].endswith("\nmade demo\r\nVersion: "), answer
+    assert answer["waiting"], answer
+    assert "version 1.0\r\n" in answered(up, session, up_write(up, id=session, text="1.0\n", wait=10),
+                                         "version 1.0\r\n")
     up.wait_ended(session)

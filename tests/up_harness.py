@@ -42,7 +42,7 @@ RUNTIME_LIBRARIES = ("linkrun", "orjson", "watchdog", "re2")
 SECRET_VARIABLE = "LNK_TEST_SECRET"
 KEY_DESCRIPTION = "lnk-test-secret"
 # Allows what the tests' programs need; [files] write is left at its default (work/).
-SANDBOX_FILE = '[commands]\nallow = ["sh", "python3", "cat"]\n'
+SANDBOX_FILE = '[commands]\nallow = ["sh", "python3", "cat", "node"]\n'
 # (add_key, keyctl) system call numbers where the tests know them.
 KEY_SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
 # Background commands belong to a conversation.

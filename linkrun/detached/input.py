@@ -46,6 +46,12 @@ READING = frozenset({"pipe_read", "anon_pipe_read", "pipe_wait", "pipe_wait_read
 SELECTING = ("do_select", "poll_schedule_timeout")
 # select and pselect6's numbers, by machine type: /proc/<pid>/syscall names the one a process sleeps in.
 SELECTS = {"x86_64": ("23", "270"), "aarch64": ("72",)}.get(os.uname().machine, ())
+# And of one asleep in epoll_wait(), where an event loop waits (Node's REPL and prompts, Python's asyncio).
+EPOLLING = ("do_epoll_wait", "ep_poll")
+# epoll_wait, epoll_pwait and epoll_pwait2's numbers, by machine type.
+EPOLL_WAITS = {"x86_64": ("232", "281", "441"), "aarch64": ("22", "441")}.get(os.uname().machine, ())
+EPOLL_PWAIT2 = "441"  # the same on both
+EPOLLIN = 0x1
 
 
 def socket_path(state_fd: int, command_id: str) -> str:
@@ -280,8 +286,9 @@ def _reads(pid: int, pipe: str, tty: bool) -> bool:
             return False
         with open(f"/proc/{pid}/wchan") as f:
             where = f.read().strip()
-        return where in READING or (where.startswith(SELECTING) and _selects_its_input_alone(pid))
-    except OSError:
+        return where in READING or (where.startswith(SELECTING) and _selects_its_input_alone(pid)) \
+            or (where.startswith(EPOLLING) and _epolls_for(pid, link))
+    except (OSError, ValueError):
         return False
 
 
@@ -292,6 +299,40 @@ def _selects_its_input_alone(pid: int) -> bool:
         number, *args = f.read().split()
     return number in SELECTS and len(args) >= 4 and int(args[0], 16) == 1 and int(args[1], 16) != 0 \
         and int(args[2], 16) == 0 and int(args[3], 16) == 0
+
+
+def _epolls_for(pid: int, link: str) -> bool:
+    """Whether the process sleeps in an epoll_wait() with no timeout (its
+    loop has no timer pending: nothing to do but wait) whose set reads `link`
+    (its input, by any descriptor: Node reads a terminal through one it
+    opened again), and none of its threads is at work. An event loop always
+    watches descriptors of its own beside (its wake-ups), so, unlike select(),
+    the input need not be alone: a program waiting, with no timer, on its
+    input and on something else at once is taken as waiting for its input."""
+    with open(f"/proc/{pid}/syscall") as f:
+        number, *args = f.read().split()
+    if number not in EPOLL_WAITS or len(args) < 4:
+        return False
+    timeout = int(args[3], 16)
+    # epoll_pwait2 takes a timespec's address (none: no timeout); the others, milliseconds (negative: none).
+    untimed = timeout == 0 if number == EPOLL_PWAIT2 else bool(timeout & 0x80000000)
+    if not untimed:
+        return False
+    with open(f"/proc/{pid}/fdinfo/{int(args[0], 16)}") as f:
+        watched = [line.split() for line in f if line.startswith("tfd:")]
+    # Each line: "tfd: <fd> events: <hex mask> data: …"
+    if not any(int(fields[3], 16) & EPOLLIN and os.readlink(f"/proc/{pid}/fd/{fields[1]}") == link
+               for fields in watched if len(fields) > 3):
+        return False
+    return all(_asleep_task(pid, task) for task in os.listdir(f"/proc/{pid}/task"))
+
+
+def _asleep_task(pid: int, task: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"S"
+    except (FileNotFoundError, ProcessLookupError):
+        return True  # a thread that ended meanwhile does no work
 
 
 def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, InputPort]:

@@ -556,3 +556,15 @@ def test_a_read_and_a_list_open_background_once_a_call(files, state, monkeypatch
     finally:
         for fd in locks + [files_fd]:
             os.close(fd)
+
+
+def test_list_shows_a_long_command_line_by_its_start_and_the_structured_value_has_it_whole(bg, state):
+    # A new user's trial: a long script filled list with itself, once for each of its commands.
+    script = "print(1)  # " + "y" * 400
+    command_id = start(bg, program="python3", args=["-c", script])
+    wait_ended(state, command_id)
+    result = bg.call("list", {}, meta=META)
+    line = text_of(result).splitlines()[1]
+    shown = f"python3 -c '{script}'"
+    assert line == f"  {shown[:200]}… ({len(shown) - 200} characters more)  (in .)", line
+    assert result["structuredContent"]["commands"][0]["args"] == ["-c", script]

@@ -285,3 +285,15 @@ def test_kept_output_outlives_its_serve_and_is_read_by_the_next(servers, files, 
     second.initialize()
     assert read_whole(second, kept_id) == numbers(300000)
     assert second.call("read", {"id": kept_id}, meta=OTHER).get("isError") is True
+
+
+def test_without_background_commands_a_commands_id_says_they_are_off_and_how_to_turn_them_on(keep):
+    # A new user's trial: a read of a background command's id, where none run, was answered as a kept one's.
+    answer = keep.call("read", {"id": "abcdefghijklmnop"})
+    assert answer["isError"] is True
+    assert text_of(answer).startswith("Refused: 'abcdefghijklmnop' is a background command's id, and this serve "
+                                      "runs none (a kept output's id ends in -output or -errors); background "
+                                      "commands are off: "), text_of(answer)
+    assert "up --no-way-in" in text_of(answer)
+    lines = keep.call("read", {"id": "abcdefghijklmnop", "pattern": "x"})
+    assert lines["isError"] is True and text_of(lines) == text_of(answer)

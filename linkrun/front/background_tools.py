@@ -135,6 +135,16 @@ NONE_TOLD = (f"No message tells of their ends here (told: {records.Told.NO_WAY_I
              "say how each went.")
 
 
+# The most of a command line list shows: a long script is told apart by its start; the structured value has it whole.
+COMMAND_SHOWN = 200
+
+
+def _cut(line: str) -> str:
+    if len(line) <= COMMAND_SHOWN:
+        return line
+    return f"{line[:COMMAND_SHOWN]}… ({len(line) - COMMAND_SHOWN} characters more)"
+
+
 def list_text(entries: list[dict[str, Any]], told_once: bool = True) -> str:
     """Two lines a command: how it is, then its command line, on one line whatever its arguments hold.
     `told_once`: where none is told (no way in), say so once at the end, not on each command's line."""
@@ -147,7 +157,7 @@ def list_text(entries: list[dict[str, Any]], told_once: bool = True) -> str:
         how += " · waiting for input" if e.get("waiting") else ""
         told = "" if none_told else f" · told: {e['told']}"
         lines.append(f"{e['id']} · {how} · {e['seconds']:.1f} s · {e['bytes']} bytes · started {e['started']}{told}"
-                     f"\n  {shown_command(e['program'], e['args'])}  (in {e['folder']})")
+                     f"\n  {_cut(shown_command(e['program'], e['args']))}  (in {e['folder']})")
         if "unreadable" in e:
             lines.append(f"  output unreadable: {e['unreadable']}")
     return "\n".join(lines + [NONE_TOLD] if none_told else lines)

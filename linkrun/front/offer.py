@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..calls.setup import CallSetup
 from ..config import KeepSettings, Serve
+from ..invocation import typed
 from .command_answer import limits_sentence
 from ..units import describe_size, format_duration
 
@@ -86,6 +87,19 @@ class Offer:
                 f"list shows this conversation's commands, read gives their output, stop stops one. {told}")
             lines.append(TALKING)
         return "\n".join(lines)
+
+
+def background_off(settings: Serve) -> str | None:
+    """Why this serve offers no background commands, and what turns them on; None when it offers them."""
+    background = settings.background
+    if background is None:
+        return (f"background commands are off: they are offered when the agent's server starts as "
+                f"`{typed('up --no-way-in')}` (add --no-way-in to the args its client starts it with), or "
+                "with Link's way in, --way-in <address> --as <agent id>")
+    if background.running == 0:
+        return ("background commands are off: the agent's spec sets [tool.run] background = 0; set "
+                "it above 0 in Config/spec.toml in the agent's folder, then start the agent again")
+    return None
 
 
 def kept_sentence(keep: KeepSettings | None) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outread import ReadChunk
 from ..errors import Refused
-from ..state.records import limit_words
+from ..state.records import is_command_id, limit_words
 from .kept import Kept, is_kept_id
 from .results import ToolResult
 from .waiting import MAX_WAIT, wait_seconds
@@ -106,6 +106,8 @@ def answer(arguments: dict[str, Any], context: CallContext, settings: Serve, bac
     if progress is not None:
         def report(waited: float, wait: float) -> None:
             progress(waited, wait, "waiting for output")
+    if background is None and is_command_id(arguments.get("id")):
+        raise _no_background_commands(arguments["id"], settings)
     if "lines" in arguments or "pattern" in arguments:
         from .finding import find
 
@@ -119,6 +121,14 @@ def answer(arguments: dict[str, Any], context: CallContext, settings: Serve, bac
     result = read_answer(chunk, offset, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     return result
+
+
+def _no_background_commands(command_id: str, settings: Serve) -> Refused:
+    """A read of a background command's id where none runs: say that, and what turns them on."""
+    from .offer import background_off
+
+    return Refused(f"{command_id!r} is a background command's id, and this serve runs none "
+                   f"(a kept output's id ends in -output or -errors); {background_off(settings)}")
 
 
 WAITING = "waiting for input: it is blocked reading its input, with nothing left to read (write to it)"

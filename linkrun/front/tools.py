@@ -23,8 +23,7 @@ from .arguments import QUOTE_MAX, check_run, cut_values, quoted
 from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note
 from ..config import Serve
 from ..errors import LinkRunError, Refused
-from ..invocation import typed
-from .offer import Offer
+from .offer import Offer, background_off
 from .results import ToolResult, nullable
 
 if TYPE_CHECKING:
@@ -160,14 +159,9 @@ class Tools:
         text = f"Unknown tool: {name} (tools: {', '.join(self.table) or 'none'})"
         if name not in BACKGROUND_TOOLS:
             return text
-        background = self.settings.background
-        if background is None:
-            return (f"{text}; background commands are off: they are offered when the agent's server starts as "
-                    f"`{typed('up --no-way-in')}` (add --no-way-in to the args its client starts it with), or "
-                    "with Link's way in, --way-in <address> --as <agent id>")
-        if background.running == 0:
-            return (f"{text}; background commands are off: the agent's spec sets [tool.run] background = 0; set "
-                    "it above 0 in Config/spec.toml in the agent's folder, then start the agent again")
+        off = background_off(self.settings)
+        if off is not None:
+            return f"{text}; {off}"
         return f"{text}; start is off: the sandbox file allows no program"
 
     def listing(self, version: str) -> list[dict[str, object]]:

@@ -136,6 +136,11 @@ TO_TELL: tuple[ToldName, ...] = (Told.UNTOLD, Told.TELLING)
 SETTLED: tuple[ToldName, ...] = (Told.TOLD, Told.GIVEN_UP, Told.NO_WAY_IN)  # nothing more to tell: its files may go once kept
 
 
+def is_command_id(value: object) -> bool:
+    """Whether `value` has a background command's id's form (new_id's)."""
+    return isinstance(value, str) and ID.fullmatch(value) is not None
+
+
 def new_id() -> str:
     return base64.b32encode(os.urandom(10)).decode().lower()
 

@@ -192,11 +192,25 @@ def test_the_folder_is_where_it_runs(server, files):
     assert text_of(result).split("\n")[2] == str(files)
 
 
+def test_an_absolute_folder_inside_the_files_folder_is_that_folder(server, files):
+    # A new user's trial: the instructions and pwd give the files folder's absolute path, which was refused.
+    (files / "work" / "deep").mkdir()
+    for folder in (f"{files}/work/deep", f"{files}/work/deep/", f"{files}//work/deep"):
+        result = run(server, program="sh", args=["-c", "pwd"], folder=folder)
+        assert text_of(result).split("\n")[2] == str(files / "work" / "deep"), text_of(result)
+    result = run(server, program="sh", args=["-c", "pwd"], folder=str(files))
+    assert text_of(result).split("\n")[2] == str(files)
+    for outside in (f"{files}-other", f"{files}/../x", f"{files}/work/../.."):
+        refused = run(server, program="sh", args=["-c", "pwd"], folder=outside)
+        assert refused.get("isError") is True, outside
+        assert "outside the files folder" in text_of(refused) or "goes up" in text_of(refused), text_of(refused)
+
+
 @pytest.mark.parametrize("folder, words", [
     ("../..", "goes up"),
     ("work/../..", "goes up"),
-    ("/", "absolute"),
-    ("/etc", "absolute"),
+    ("/", "is outside the files folder"),
+    ("/etc", "is outside the files folder"),
     ("missing", "does not exist"),
     ("root", "is a link"),
     ("work/root/etc", "is a link"),
@@ -228,6 +242,21 @@ def test_a_program_not_allowed_or_malformed_is_refused_saying_what_is_allowed(se
     result = run(server, program=program)
     assert result.get("isError") is True
     assert words in text_of(result)
+
+
+def test_a_program_of_the_files_folder_is_refused_saying_how_it_runs_through_sh(server, files):
+    # A new user's trial: .venv/bin/pip was refused with "pass it to its interpreter", and
+    # python3 .venv/bin/pytest then ran the system's Python, without the venv's packages.
+    pip = files / "work" / ".venv" / "bin" / "pip"
+    pip.parent.mkdir(parents=True)
+    pip.write_text("#!/bin/sh\necho pip\n")
+    pip.chmod(0o755)
+    relative = run(server, program=".venv/bin/pip", args=["install", "x"])
+    assert relative.get("isError") is True
+    assert 'runs through sh: program sh, args ["-c", ".venv/bin/pip ..."]' in text_of(relative), text_of(relative)
+    absolute = run(server, program=str(pip), args=["install", "x"])
+    assert absolute.get("isError") is True and "is not allowed" in text_of(absolute)
+    assert 'runs through sh: program sh, args ["-c", ' in text_of(absolute), text_of(absolute)
 
 
 def test_an_allowed_name_may_also_be_given_as_the_path_it_resolves_to(server):

@@ -325,7 +325,10 @@ def test_without_hosts_a_call_has_no_relay_no_proxy_folder_and_no_variables(tmp_
     require_sandbox()
     box = Agent(tmp_path, "")
     server = up_server(box)
-    assert "A call has no internet: its sandbox's network is its own" in server.initialized["instructions"]
+    instructions = server.initialized["instructions"]
+    assert "A call has no internet: its sandbox's network is its own" in instructions
+    # A new user's trial: nothing said where hosts are allowed, where a refused program names the file.
+    assert f"allow hosts in [internet] hosts of {box.root / 'Config' / 'sandbox.toml'}, then start" in instructions
     text = sh(server, "ls /run/lnk/proxy; env | grep -ci proxy; cat /proc/net/sockstat | grep TCP:")
     assert "No such file or directory" in text and "\n0\n" in text and "TCP: inuse 0" in text, text
     assert not (box.root / "State" / "proxy.json").exists()

@@ -359,3 +359,20 @@ def test_in_the_sandbox_a_node_prompt_on_a_terminal_is_seen_waiting_and_its_answ
     assert "version 1.0\r\n" in answered(up, session, up_write(up, id=session, text="1.0\n", wait=10),
                                          "version 1.0\r\n")
     up.wait_ended(session)
+
+
+# Python buffers what it prints to a pipe until its buffer fills or it ends.
+PRINTS_THEN_SLEEPS = "import time; print('ready'); time.sleep(60)"
+
+
+def test_in_the_sandbox_what_python_printed_is_there_before_it_ends(up_as):
+    # A new user's trial: `python3 -m http.server` started without -u was never seen "Serving", and stopped,
+    # it had printed 0 bytes; a call cut by its timeout lost all it had printed the same way.
+    up = up_as
+    server = up.start("python3", "-c", PRINTS_THEN_SLEEPS)
+    found = up.server.call("read", {"id": server, "pattern": "^ready$", "wait": 20}, meta=UP_META, timeout=60)
+    assert found["structuredContent"]["until"] == "match", text_of(found)
+    up.server.call("stop", {"id": server}, meta=UP_META, timeout=60)
+    cut = up.server.call("command", {"program": "python3", "args": ["-c", PRINTS_THEN_SLEEPS], "timeout": 2},
+                         meta=UP_META, timeout=60)
+    assert cut["structuredContent"]["timed_out"] is True and "ready\n" in text_of(cut), text_of(cut)

@@ -38,10 +38,11 @@ def cut_values(text: str, arguments: Mapping[str, object]) -> str:
     return text
 
 
-def check_run(arguments: Mapping[str, object], resolve: Callable[[str], str], longest: int) -> Request:
+def check_run(arguments: Mapping[str, object], resolve: Callable[[str], str], longest: int, files: str) -> Request:
     """The checks `command` and `start` share: arguments → a resolved Request;
     `resolve`: the program's host path (programs.Programs.resolve, Refused when
-    it is not allowed); `longest`: serve's --timeout, the default and the most."""
+    it is not allowed); `longest`: serve's --timeout, the default and the most;
+    `files`: the files folder, which an absolute folder may name itself by."""
     program = arguments.get("program")
     if program is None:
         raise Refused("program is missing", "give the program to run: a bare name such as python3, or an absolute path")
@@ -63,7 +64,7 @@ def check_run(arguments: Mapping[str, object], resolve: Callable[[str], str], lo
     folder = arguments.get("folder", "")
     if not isinstance(folder, str):
         raise Refused("folder must be a string", "give a folder of the files folder, such as work")
-    folder = _check_folder(folder)
+    folder = _check_folder(folder, files)
     timeout = arguments.get("timeout", longest)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= longest:
         raise Refused(f"timeout must be a number of seconds above 0 and at most {longest}",
@@ -82,10 +83,16 @@ def _check_path_size(what: str, path: str) -> None:
                           f"give a shorter {what}")
 
 
-def _check_folder(folder: str) -> str:
+def _check_folder(folder: str, files: str) -> str:
+    """The folder relative to the files folder. An absolute one inside it (as `pwd` prints it there, and as
+    the instructions name the files folder) is taken as the same folder relative to it."""
     _check_path_size("folder", folder)
     if folder.startswith("/"):
-        raise Refused(f"folder {folder!r} is absolute", "give a folder relative to the files folder, such as work")
+        files = files.rstrip("/")
+        if folder != files and not folder.startswith(files + "/"):
+            raise Refused(f"folder {folder!r} is outside the files folder ({files})",
+                          "give a folder inside it, relative to it, such as work")
+        folder = folder[len(files):].strip("/")
     if "\0" in folder:
         raise Refused("folder holds a NUL byte", "give a folder relative to the files folder, such as work")
     if ".." in folder.split("/"):

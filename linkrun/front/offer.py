@@ -20,7 +20,8 @@ from ..units import describe_size, format_duration
 # What a call can reach: the hosts are the proxy's to check (read at its start, not at initialize).
 INTERNET_THROUGH_PROXY = ("A call reaches the internet only through the agent's proxy, to the hosts the user "
                           "allowed; any other is refused, and the answer says which.")
-NO_INTERNET = "A call has no internet: its sandbox's network is its own, and no other host can be reached."
+NO_INTERNET = ("A call has no internet: its sandbox's network is its own, and no other host can be reached. The "
+               "user may allow hosts in [internet] hosts of {file}, then start the agent again.")
 # How a background command's end reaches the model, in the instructions and start's description.
 TOLD_WITHOUT_WAY_IN = (
     "Nothing tells you when it ends here: use list, and read with wait (at most 30 s a call), to learn how it "
@@ -61,7 +62,8 @@ class Offer:
         lines = [
             f"You may run {may} in its environment, with the command tool: one program and its "
             "arguments as they are, no shell (a pipeline is sh -c '...' where sh is allowed; a script "
-            "of the files folder runs through its interpreter, such as sh x.sh).",
+            "of the files folder runs through its interpreter, such as sh x.sh, and a program of it through sh, such as "
+            "sh -c '.venv/bin/pip install x').",
             f"Each call runs in a sandbox of its own in the files folder ({s.files}) or a folder of it, "
             "and nothing it starts outlives the call: each call starts afresh. Its ports are its own "
             "sandbox's: start a server and its tests in one command (sh -c 'server & tests').",
@@ -72,7 +74,7 @@ class Offer:
             lines.append("It may write only in " + ", ".join(f"{w}/" for w in s.write) + " of the files folder; "
                          "the rest is read-only, and chats/ and background/ are never writable.")
         if self.sandbox.real:  # a pass-through sandbox has the host's network, and says nothing of it
-            lines.append(INTERNET_THROUGH_PROXY if s.proxy else NO_INTERNET)
+            lines.append(INTERNET_THROUGH_PROXY if s.proxy else NO_INTERNET.format(file=self.programs.sandbox_file))
         if self.sandbox.holding is not None:
             background = s.background.timeout if self.offers_start and s.background is not None else None
             lines.append(limits_sentence(self.sandbox.holding, background))
@@ -84,7 +86,9 @@ class Offer:
                 f"answers at once with its id; at most {b.running} run at once, each for at most "
                 f"{format_duration(b.timeout)}, and {b.per_day} may start in a day. Its output, both streams as "
                 f"one, is background/<id>.out in the files folder (the last {describe_size(b.output)} are kept). "
-                f"list shows this conversation's commands, read gives their output, stop stops one. {told}")
+                f"list shows this conversation's commands, read gives their output, stop stops one. Its network "
+                f"is its own too: no other call reaches a server it runs, so start a server with what talks to it "
+                f"(sh -c 'server & sleep 1; tests'). {told}")
             lines.append(TALKING)
         return "\n".join(lines)
 

@@ -46,7 +46,8 @@ _RUN_PROPERTIES = {
     },
     "folder": {
         "type": "string",
-        "description": "The folder to run in, relative to the files folder (default: the files folder itself).",
+        "description": "The folder to run in, relative to the files folder, or its absolute path inside it "
+                       "(default: the files folder itself).",
     },
 }
 
@@ -240,7 +241,7 @@ class Tools:
 
     def check_run(self, arguments: dict[str, object]) -> runner.Request:
         """The checks `command` and `start` share: arguments → a resolved Request."""
-        return check_run(arguments, self.programs.resolve, self.settings.timeout)
+        return check_run(arguments, self.programs.resolve, self.settings.timeout, self.settings.files)
 
     def _command(self, arguments: dict[str, object], context: CallContext) -> ToolResult | None:
         request = self.check_run(arguments)

@@ -49,8 +49,7 @@ class Programs:
         if "/" in program and not program.startswith("/"):
             raise Refused(
                 f"program {program!r} is neither a bare name nor an absolute path",
-                "give a bare name found on the PATH (such as sh), or an absolute path; to run a "
-                "script of the files folder, pass it to its interpreter, such as sh x.sh",
+                "give a bare name found on the PATH (such as sh), or an absolute path" + self._through_sh(program),
             )
         if program.startswith("/"):
             if program != os.path.normpath(program):
@@ -67,7 +66,7 @@ class Programs:
                                   "its folder is not shown inside; run a program of the system folders, "
                                   "or name this one in the sandbox file's [commands] allow")
                 return program
-            raise Refused(f"program {program} is not allowed", self.how_to_allow())
+            raise Refused(f"program {program} is not allowed", self.how_to_allow() + self._through_sh(program))
         if program in self.missing:
             raise self._lacking(repr(program))
         if not (self.any or program in self.names):
@@ -81,6 +80,13 @@ class Programs:
         """An allowed program that is not here: said as `doctor` says it, with what to do (not "not allowed")."""
         return Refused(f"program {program} is allowed, but not found on this machine",
                        f"install it, then start the agent again, or run another program; {self.allowed_text()}")
+
+    def _through_sh(self, program: str) -> str:
+        """How a program of the files folder (a script, a virtual environment's pip) runs where sh may."""
+        if "sh" not in self.names:
+            return "; to run a script of the files folder, pass it to its interpreter, such as python3 x.py"
+        return (f"; a program of the files folder (a script, a virtual environment's own) runs through sh: "
+                f'program sh, args ["-c", "{program} ..."]')
 
     def how_to_allow(self) -> str:
         """What may run, and how the user allows more."""

@@ -57,6 +57,7 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     settings = yield from _sandbox_file(sandbox_path)
     if settings is None:
         return
+    yield from _spec_file(folder)
     host = yield from _host_checks(settings)
     if host is None:
         return
@@ -132,6 +133,23 @@ def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFil
         return None
     yield "ok", f"the sandbox file: {settings.source}", ""
     return settings
+
+
+def _spec_file(folder: agent_folder.AgentFolder) -> Iterator[Check]:
+    """The agent's spec, as `up` reads it: one it cannot follow ends `up` before its handshake."""
+    from .spec import read_toml, run_settings
+
+    source = folder.spec_file
+    if not os.path.exists(source):
+        return  # none written: the embedded defaults
+    try:
+        run_settings(read_toml(source, "spec"), source)
+    except LinkRunError as error:
+        yield "FAIL", f"the spec: {error.message}", \
+            f"{error.hint + '; ' if error.hint else ''}mend it, then start the agent again: {typed('up')} ends at " \
+            "once until it can follow it"
+        return
+    yield "ok", f"the spec: {source}", ""
 
 
 def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, hostfacts.Host | None]:

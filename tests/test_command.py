@@ -55,6 +55,8 @@ def test_the_timeout_kills_the_whole_group_even_a_program_that_ignores_term(serv
     text = text_of(result)
     assert text.startswith("killed by SIGKILL: timed out after 0.5s")
     assert "split the work" in text  # no start offered here
+    # A new user's trial: a timeout the model set itself was not said to be its to raise.
+    assert "; give a longer timeout (at most 2m), or split the work" in text, text
     grandchild = int((files / "work" / "pid").read_text())
     wait_for(lambda: not pid_alive(grandchild), what="the timed-out group to be gone")
 

@@ -312,3 +312,16 @@ def test_up_whose_agents_folder_cannot_be_made_says_why_and_what_to_do(who):
         assert "Traceback" not in done.stderr, done.stderr
         assert f"the agent's folder {place} cannot be made" in done.stderr, done.stderr
         assert "give --agent a folder you may write" in done.stderr, done.stderr
+
+
+def test_doctor_names_a_spec_that_up_cannot_follow(tmp_path):
+    # A new user's trial: `timeout = "five"` in Config/spec.toml ended up at once, and doctor said all was well.
+    agent = tmp_path / "agent"
+    (agent / "Config").mkdir(parents=True)
+    (agent / "Config" / "spec.toml").write_text('[tool.run]\ntimeout = "five"\n')
+    done = subprocess.run(SERVER + ["doctor", "--agent", str(agent)], env=clean_env(HOME=str(tmp_path)),
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert failed and failed[0].startswith(f"FAIL the spec: {agent}/Config/spec.toml: [tool.run] timeout 'five'"), \
+        done.stdout

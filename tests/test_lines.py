@@ -11,6 +11,8 @@ from background_helpers import META, OTHER, background_argv, start, wait_ended
 from conftest import text_of
 from kept_helpers import NUMBERS, keep_argv
 
+from linkrun.messages.told import shown_word
+
 KEEP = ("--keep-output", "16M", "--keep-for", "1d", "--keep-total", "256M")
 
 
@@ -85,7 +87,7 @@ def test_a_pattern_it_cannot_take_is_refused_saying_why(both, pattern, why):
     kept_id = kept_numbers(both)
     answer = both.call("read", {"id": kept_id, "pattern": pattern}, meta=META)
     assert answer.get("isError") is True
-    assert f"pattern {pattern!r} cannot be taken: {why}" in text_of(answer)
+    assert f"pattern {shown_word(pattern)} cannot be taken: {why}" in text_of(answer)
     assert "RE2 syntax" in text_of(answer)
 
 
@@ -165,3 +167,14 @@ def test_a_pattern_that_matches_empty_counts_each_line_once(both):
     assert len(value["lines"]) + value["more"] == 20000
     value, _ = find(both, kept_id, pattern="^$")
     assert value["lines"] == [] and value["more"] == 0
+
+
+def test_a_pattern_is_shown_as_it_was_given_and_the_last_line_as_one(both):
+    # A new user's trial: '^12345\d$' was shown '^12345\\d$', as if escaped twice; "the last 1 lines".
+    kept_id = kept_numbers(both)
+    _, text = find(both, kept_id, pattern=r"^01234\d$")
+    assert text.splitlines()[0].endswith(r"lines matching '^01234\d$' · 10 shown"), text.splitlines()[0]
+    refused = both.call("read", {"id": kept_id, "pattern": r"(1)\1"}, meta=META)
+    assert r"pattern '(1)\1' cannot be taken" in text_of(refused), text_of(refused)
+    _, last = find(both, kept_id, lines="-1")
+    assert "the last line" in last.splitlines()[0], last.splitlines()[0]

@@ -270,6 +270,9 @@ def test_a_kept_file_mended_wrong_is_said_in_every_calls_answer_not_only_in_the_
         assert result.get("isError") and said in text_of(result) and str(config / kept) in text_of(result), \
             text_of(result)
         assert "start the agent again" in text_of(result), text_of(result)
+        # A new user's trial: "the sandbox cannot start here" read as this machine's fault, not the file's.
+        assert text_of(result).startswith("Failed: the agent's sandbox file cannot be followed, so nothing runs: "), \
+            text_of(result)
     assert not (box.root / "Files" / "ran").exists()
     assert server.close() == 1
 
@@ -296,7 +299,10 @@ def test_the_small_tools_a_model_calls_by_name_run_with_the_defaults(box, server
     server = servers(SERVER + ["up", "--agent", str(box.root)], env=box.env)
     server.initialize()
     for program, args, printed in (("echo", ["hi"], "hi"), ("pwd", [], str(box.root / "Files")),
-                                   ("env", [], "HOME="), ("printf", ["%s", "x"], "x")):
-        result = server.call("command", {"program": program, "args": args})
+                                   ("env", [], "HOME="), ("printf", ["%s", "x"], "x"),
+                                   # and the next trial's: seq, tee and which were refused by name
+                                   ("seq", ["3"], "1\n2\n3"), ("tee", [], "in"), ("which", ["sh"], "/sh")):
+        arguments = {"program": program, "args": args} | ({"input": "in"} if program == "tee" else {})
+        result = server.call("command", arguments)
         assert not result.get("isError") and printed in text_of(result), text_of(result)
     assert server.close() == 0

@@ -95,7 +95,13 @@ def kept_files_followed(folder: agent.AgentFolder) -> None:
         sandbox.load(folder.sandbox_file)
     except LinkRunError as problem:
         hint = f"{problem.hint}; then" if problem.hint else "mend it, then"
-        raise LinkRunError(problem.message, f"{hint} start the agent again (its MCP client starts it)") from None
+        raise KeptFileUnfollowed(problem.message, f"{hint} start the agent again (its MCP client starts it)") from None
+
+
+class KeptFileUnfollowed(LinkRunError):
+    """The agent's kept sandbox file cannot be followed: the machine is fine, the file is not."""
+
+    lead = "the agent's sandbox file cannot be followed, so nothing runs"
 
 
 def check_proxy_settings(state: str) -> None:

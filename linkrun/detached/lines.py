@@ -66,7 +66,9 @@ def compile_pattern(pattern: object, whole_lines: bool = True) -> Any:
         return re2.compile(b"(?m)^.*(?:" + pattern.encode() + b").*$", options)
     except re2.error as error:
         why = error.args[0].decode(errors="replace") if error.args and isinstance(error.args[0], bytes) else str(error)
-        raise Refused(f"pattern {pattern!r} cannot be taken: {why}", PATTERN_HINT) from None
+        from ..messages.told import shown_word  # a pattern as it was given: repr would double each backslash
+
+        raise Refused(f"pattern {shown_word(pattern)} cannot be taken: {why}", PATTERN_HINT) from None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ..errors import LinkRunError
 if TYPE_CHECKING:  # loaded with the tool layer, after the handshake
     from .results import ToolResult
 
+CANNOT_START = "the sandbox cannot start here, so nothing runs"
 # The tools that run a program in the sandbox: the others read records and files only.
 HELD = frozenset({"command", "start"})
 
@@ -100,7 +101,10 @@ class Checks:
             return None
         from .results import ToolResult
 
-        return ToolResult(f"Failed: the sandbox cannot start here, so nothing runs: {self.failure}", is_error=True)
+        from ..calls.setup import KeptFileUnfollowed
+
+        lead = KeptFileUnfollowed.lead if isinstance(self.failure, KeptFileUnfollowed) else CANNOT_START
+        return ToolResult(f"Failed: {lead}: {self.failure}", is_error=True)
 
     def passed(self) -> bool:
         """Whether the checks passed, once they have ended (started if they were not, and waited for)."""

@@ -40,7 +40,7 @@ def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: b
     write), for the structured value too. `kept`: the id of each stream kept
     past the answer."""
     ids, cap = (kept.ids, kept.cap) if kept is not None else ({}, 0)
-    lines = [_ending(outcome, timeout, can_start)]
+    lines = [_ending(outcome, timeout, can_start, settings.timeout)]
     notes = []
     if outcome.limit is not None:
         notes.append(limit_text(outcome.limit, held))
@@ -93,10 +93,12 @@ def _refused_write(outcome: Outcome) -> bool:
     return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
 
 
-def _ending(outcome: Outcome, timeout: float, can_start: bool) -> str:
+def _ending(outcome: Outcome, timeout: float, can_start: bool, longest: float) -> str:
     seconds = f"{outcome.seconds:.2f} s"
     if outcome.timed_out:
         advice = "use start for long work" if can_start else "split the work into shorter calls"
+        if timeout < longest:  # the call's own, shorter than it may be
+            advice = f"give a longer timeout (at most {format_duration(longest)}), or {advice}"
         return f"killed by SIGKILL: timed out after {format_duration(timeout)} ({seconds}); {advice}"
     if outcome.signal is not None:
         return f"killed by {signal_name(outcome.signal)} · {seconds}"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..detached import outread
 from ..detached.lines import SCAN_SECONDS, Found, LineRange, compile_pattern, parse_range, scan
 from ..errors import Refused
+from ..messages.told import shown_word
 from .kept import is_kept_id
 from .results import ToolResult
 from .waiting import END, MATCH, Waited, wait_seconds
@@ -123,9 +124,10 @@ def _waited_note(waited: Waited | None, record: Shown) -> str:
 def _what(arguments: dict[str, Any]) -> str:
     what = f"lines {arguments['lines']}" if "lines" in arguments else "lines"
     if str(arguments.get("lines", "")).startswith("-"):
-        what = f"the last {arguments['lines'][1:]} lines"
-    if "pattern" in arguments:
-        what += f" matching {arguments['pattern']!r}"
+        last = arguments["lines"][1:]
+        what = "the last line" if last == "1" else f"the last {last} lines"
+    if "pattern" in arguments:  # as it was given: repr would double each backslash
+        what += f" matching {shown_word(arguments['pattern'])}"
     if "offset" in arguments:
         what += f" from byte {arguments['offset']}"
     return what

@@ -111,12 +111,12 @@ _SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 def shown_command(program: str, args: Sequence[str]) -> str:
     """A command line on one line, each word as a shell would need it (the
     told messages, and `list`): a multi-line script cannot break a layout."""
-    return " ".join(_quoted(word) for word in [program, *args])
+    return " ".join(shown_word(word) for word in [program, *args])
 
 
-def _quoted(word: str) -> str:
+def shown_word(word: str) -> str:
     """A word as a shell would need it; control characters as bash's $'...' escapes,
-    so an argument can never break the first line."""
+    so an argument can never break the first line (a command's words, a pattern as it was given)."""
     if _PLAIN_WORD.fullmatch(word):
         return word
     if not word.isprintable():

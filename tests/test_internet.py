@@ -354,7 +354,9 @@ def test_a_name_resolving_to_a_private_address_is_refused_unless_named(tmp_path,
     text = sh(server, status(f"http://localhost:{host_service}/named", "--noproxy '' -x", RELAY)
               + "; curl -sS --noproxy '' -x " + RELAY + " http://localhost/")
     assert text.split("output")[1].split("\n")[1:3] == ["200", "exit 0"], text
-    assert "refused localhost:80: it resolves to" in text and "an address of this machine" in text, text
+    assert "refused localhost:80: it resolves to" in text and "not a public address" in text, text
+    # A new user's trial: the call's note said "hosts allow *" of a host refused, and not why.
+    assert "* admits public addresses only" in text, text
     assert server.close() == 0
 
 

@@ -297,5 +297,8 @@ def refused_note(hosts: list[str], state: str) -> str:
         allowed = ", ".join(read_settings(state)[0]) or "none"
     except LinkRunError:
         allowed = "(its settings cannot be read)"
+    # With *, what is refused is a port, or a name that resolves to no public address (the proxy's reply says which).
+    star = ("; * admits public addresses only: a host that resolves to one of this machine, its network or a "
+            "reserved range is reached only when named" if "*" in allowed.split(", ") else "")
     return (f"[the agent's proxy refused {', '.join(hosts)}: the sandbox file's [internet] hosts allow "
-            f"{allowed} (without a port, only 80 and 443)]")
+            f"{allowed} (without a port, only 80 and 443){star}]")

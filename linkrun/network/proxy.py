@@ -208,8 +208,9 @@ class Proxy:
                                   f"({', '.join(sorted(set(addresses)))}), which no sandbox may reach")
         allowed = [a for a in addresses if named or rules.public(a)]
         if not allowed:
-            raise PermissionError(f"resolves to {', '.join(sorted(set(addresses)))}, an address of this "
-                                  "machine or its network, which only a host named in the list may reach")
+            raise PermissionError(f"resolves to {', '.join(sorted(set(addresses)))}, not a public address (one "
+                                  "of this machine, its network or a reserved range), which only a host named in "
+                                  "the list may reach")
         problem: Exception = OSError("no address")
         for address in dict.fromkeys(allowed):  # each checked address in turn (localhost: ::1, then 127.0.0.1)
             try:

@@ -297,3 +297,11 @@ def test_without_background_commands_a_commands_id_says_they_are_off_and_how_to_
     assert "up --no-way-in" in text_of(answer)
     lines = keep.call("read", {"id": "abcdefghijklmnop", "pattern": "x"})
     assert lines["isError"] is True and text_of(lines) == text_of(answer)
+
+
+def test_a_read_without_offset_gives_its_last_bytes_from_a_line_start(keep, state):
+    # A new user's trial: the last bytes of seq 1 300000 began "70", the end of 97270.
+    kept_id = keep.call("command", {"program": "python3", "args": NUMBERS}, meta=META)["structuredContent"]["output_id"]
+    value, _ = read_kept(keep, kept_id)
+    assert value["offset"] % 7 == 0 and value["next"] == 2100000 and 16384 - 7 < len(value["text"]) <= 16384, value
+    assert value["text"] == numbers(len(value["text"]) // 7, value["offset"] // 7).decode()

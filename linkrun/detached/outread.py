@@ -122,7 +122,7 @@ class Look(NamedTuple):
 
 def read_once(folder_fd: int, state: str, command_id: str, offset: int | None, limit: int) -> ReadChunk:
     """One consistent look at the output file and its record: at most `limit`
-    bytes from `offset`, or without it the last `limit` bytes."""
+    bytes from `offset`, or without it the last `limit` bytes (from a line's start, where one begins in them)."""
     with looked_at(folder_fd, state, command_id) as look:
         if look.fd is None:
             return ReadChunk(look.record, b"", 0, 0, 0, look.record["state"] not in records.RUNNING_STATES)
@@ -203,6 +203,10 @@ def read_at(look: Look, offset: int | None, limit: int) -> ReadChunk:
     start = max(kept_from, total - limit) if offset is None else min(max(offset, kept_from), total)
     assert look.fd is not None  # read_once answers a look without a file itself
     data = os.pread(look.fd, min(limit, total - start), start - kept_from) if start < total else b""
+    if offset is None and start > kept_from and os.pread(look.fd, 1, start - kept_from - 1) != b"\n":
+        line = data.find(b"\n") + 1  # its last bytes begin mid-line: from the next line, where one begins in them
+        if 0 < line < len(data):
+            start, data = start + line, data[line:]
     if start > kept_from or offset is None or offset < kept_from:
         trimmed = utf8_tail(data)  # never start inside a character
         start += len(data) - len(trimmed)

@@ -193,6 +193,8 @@ def test_without_a_way_in_tell_on_is_ignored_and_read_waits_on_a_line(servers, f
     result = server.call("start", {"program": "true", "tell_on": "x"}, meta=META)
     assert "isError" not in result and result["structuredContent"]["ignored"] == ["tell_on"]
     assert "[ignored tell_on" in text_of(result)
+    # A new user's trial: the note did not say what waits for a line here.
+    assert "nothing is told here: read with pattern and wait waits for a line]" in text_of(result), text_of(result)
 
 
 def test_a_tell_on_pattern_it_cannot_take_is_refused_before_anything_runs(servers, files, state, keyring, ways_in):

@@ -192,8 +192,11 @@ class Tools:
         given = {key: value for key, value in arguments.items() if key in known and value is not None}
         result = self._answer(name, given, context)
         if result is not None and ignored:
+            # tell_on is start's only with a way in, which tells: without one, a wait on a line is read's.
+            told = "; nothing is told here: read with pattern and wait waits for a line" \
+                if name == "start" and "tell_on" in ignored else ""
             result.add_note(f"[ignored {', '.join(ignored)}: not arguments of this tool, whose arguments are "
-                            f"{', '.join(sorted(known)) or 'none'}]")
+                            f"{', '.join(sorted(known)) or 'none'}{told}]")
             if result.structured is not None:
                 result.structured["ignored"] = ignored
         if result is not None and result.notes and result.structured is not None:

@@ -25,11 +25,11 @@ def write_all(fd: int, data: bytes, after_each: Callable[[], None] | None = None
             after_each()
 
 
-def process_stat(pid: int) -> list[bytes] | None:
-    """The fields of a process's /proc stat after its name (its state first: b"S", b"Z"…), or None when it
-    is gone. Raises PermissionError where /proc hides it."""
+def process_stat(pid: int, task: int | str | None = None) -> list[bytes] | None:
+    """The fields of a process's /proc stat after its name (its state first: b"S", b"Z"…), or of one of
+    its threads' (`task`), or None when it is gone. Raises PermissionError where /proc hides it."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None

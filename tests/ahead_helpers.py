@@ -28,7 +28,10 @@ def made_ahead(state) -> tuple[int, int] | None:
     for pid in processes_with(f"warm-fork\0{'-' * 16}\0--state\0{state}\0"):
         try:
             sandbox = [child for child in children(pid) if comm(child) == "bwrap"]
-            if sandbox and children(sandbox[0]):  # its init runs: the sandbox is made
+            # Its init runs its loader: the sandbox is made. Its init alone is not enough: until its
+            # bwrap lets it go on, it waits, with no death signal yet (strays.py), and a supervisor
+            # killed then leaves it waiting for the next start's or serve's sweep.
+            if sandbox and any(children(init) for init in children(sandbox[0])):
                 return pid, sandbox[0]
         except OSError:
             continue  # it ended, or started its command, while it was read

@@ -268,13 +268,13 @@ def _stdin(pid: int) -> str:
         return ""
 
 
-def _asleep(pid: int) -> bool:
-    """Asleep, not woken to run: a process woken has no wait channel, and work to do."""
+def _asleep(pid: int, task: str | None = None) -> bool:
+    """Asleep, not woken to run: a process (or one of its threads) woken has no wait channel, and work to do."""
     try:
-        fields = process_stat(pid)
+        fields = process_stat(pid, task)
     except OSError:
         return False  # hidden: not known to be asleep
-    return fields is None or fields[0] == b"S"  # None: ended, it passes nothing on
+    return fields is None or fields[0] == b"S"  # None: ended, it does no work
 
 
 def _reads(pid: int, pipe: str, tty: bool) -> bool:
@@ -324,15 +324,7 @@ def _epolls_for(pid: int, link: str) -> bool:
     if not any(int(fields[3], 16) & EPOLLIN and os.readlink(f"/proc/{pid}/fd/{fields[1]}") == link
                for fields in watched if len(fields) > 3):
         return False
-    return all(_asleep_task(pid, task) for task in os.listdir(f"/proc/{pid}/task"))
-
-
-def _asleep_task(pid: int, task: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"S"
-    except (FileNotFoundError, ProcessLookupError):
-        return True  # a thread that ended meanwhile does no work
+    return all(_asleep(pid, task) for task in os.listdir(f"/proc/{pid}/task"))
 
 
 def program_input(state: str, command_id: str, tty: bool = False) -> tuple[int, InputPort]:

@@ -294,11 +294,12 @@ def unreachable_note(unreached: dict[str, str]) -> str:
 def refused_note(hosts: list[str], state: str) -> str:
     """The line a call's answer gets when the proxy refused hosts during it."""
     try:
-        allowed = ", ".join(read_settings(state)[0]) or "none"
+        listed = list(read_settings(state)[0])
+        allowed = ", ".join(listed) or "none"
     except LinkRunError:
-        allowed = "(its settings cannot be read)"
+        listed, allowed = [], "(its settings cannot be read)"
     # With *, what is refused is a port, or a name that resolves to no public address (the proxy's reply says which).
     star = ("; * admits public addresses only: a host that resolves to one of this machine, its network or a "
-            "reserved range is reached only when named" if "*" in allowed.split(", ") else "")
+            "reserved range is reached only when named" if "*" in listed else "")
     return (f"[the agent's proxy refused {', '.join(hosts)}: the sandbox file's [internet] hosts allow "
             f"{allowed} (without a port, only 80 and 443){star}]")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from background_helpers import META, start, wait_record
-from conftest import parent_of, SERVER, pid_alive, require_sandbox, stop_what_runs, wait_for
+from conftest import parent_of, SERVER, pid_alive, require_sandbox, stop_what_runs, text_of, wait_for
 from sandbox_helpers import Agent
 
 from linkrun.state import layout
@@ -86,6 +86,17 @@ def test_stop_gives_the_program_its_term_inside_the_sandbox_then_the_rest_dies(u
     assert value["state"] == "stopped"
     assert b"got term" in (box.files / "background" / f"{command_id}.out").read_bytes()
     assert not pid_alive(program)
+
+
+def test_a_program_ended_by_its_stops_signal_is_said_so_though_the_sandbox_gives_an_exit(up, box):
+    # A new user's trial: `python3 -m http.server`, stopped, was "stopped (exit 143)": the sandbox's init
+    # passes a death by a signal on as 128 and its number.
+    command_id = start(up, program="python3", args=["-c", "import time; print('up', flush=True); time.sleep(100)"])
+    output = box.files / "background" / f"{command_id}.out"
+    wait_for(lambda: output.exists() and b"up" in output.read_bytes(), what="the program to run")
+    result = up.call("stop", {"id": command_id}, meta=META)
+    assert result["structuredContent"]["exit"] == 143, result["structuredContent"]
+    assert "stopped (exit 143: SIGTERM, its stop's)" in text_of(result), text_of(result)
 
 
 def test_a_killed_supervisor_takes_the_whole_sandbox_with_it(up, box):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outread import ReadChunk
 from ..errors import Refused
-from ..state.records import is_command_id, limit_words
+from ..state.records import State, is_command_id, limit_words
 from .kept import Kept, is_kept_id
 from .results import ToolResult
 from .waiting import MAX_WAIT, wait_seconds
@@ -149,12 +149,19 @@ LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "allocation": ", an a
                  "tasks": ", a fork refused at its task limit", "cpu": ", killed at its CPU time (SIGXCPU)"}
 
 
+# The exits a sandboxed program stopped by `stop` gets: its SIGTERM, then its SIGKILL after the grace.
+STOPS_SIGNALS = {128 + 15: "SIGTERM", 128 + 9: "SIGKILL"}
+
+
 def how_it_ended(record: Shown | dict[str, Any]) -> str:
     """Its state, and once it ended its exit status or signal and the limit that bit (of a record, or of list's entry):
     "exited (exit 137), killed at its memory limit"."""
     how = str(record["state"])
-    if record.get("exit") is not None:
-        how += f" (exit {record['exit']})"
+    exit_code = record.get("exit")
+    if exit_code is not None:
+        # A sandbox's init passes a death by a signal on as 128 and its number: a stop's own, said so.
+        by_stop = STOPS_SIGNALS.get(exit_code) if record["state"] == State.STOPPED else None
+        how += f" (exit {exit_code}: {by_stop}, its stop's)" if by_stop else f" (exit {exit_code})"
     elif record.get("signal"):
         how += f" ({record['signal']})"
     return how + LIMIT_ENDINGS.get(limit_words(record), "")

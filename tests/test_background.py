@@ -568,3 +568,18 @@ def test_list_shows_a_long_command_line_by_its_start_and_the_structured_value_ha
     shown = f"python3 -c '{script}'"
     assert line == f"  {shown[:200]}… ({len(shown) - 200} characters more)  (in .)", line
     assert result["structuredContent"]["commands"][0]["args"] == ["-c", script]
+
+
+def test_read_and_write_give_how_it_ended_in_the_structured_value_as_list_does(bg, state):
+    # A second new user's trial: a structured-first model saw "exited" and no exit status unless it called list,
+    # and a read with a pattern lost the status from its text too.
+    command_id = start(bg, program="sh", args=["-c", "echo hi; exit 7"])
+    wait_ended(state, command_id)
+    value = bg.call("read", {"id": command_id}, meta=META)["structuredContent"]
+    assert (value["state"], value["exit"], value["signal"], value["limit"]) == ("exited", 7, None, None), value
+    found = bg.call("read", {"id": command_id, "pattern": "nothing"}, meta=META)
+    assert found["structuredContent"]["exit"] == 7, found["structuredContent"]
+    assert f"{command_id} · exited (exit 7) · lines matching" in text_of(found), text_of(found)
+    running = start(bg, program="sleep", args=["30"])
+    assert "exit" not in bg.call("read", {"id": running}, meta=META)["structuredContent"]
+    bg.call("stop", {"id": running}, meta=META)

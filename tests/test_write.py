@@ -376,3 +376,15 @@ def test_in_the_sandbox_what_python_printed_is_there_before_it_ends(up_as):
     cut = up.server.call("command", {"program": "python3", "args": ["-c", PRINTS_THEN_SLEEPS], "timeout": 2},
                          meta=UP_META, timeout=60)
     assert cut["structuredContent"]["timed_out"] is True and "ready\n" in text_of(cut), text_of(cut)
+
+
+def test_a_write_taken_silently_is_answered_once_the_program_waits_again_not_at_the_end_of_its_wait(bg, state):
+    # A second new user's trial: a write to a program that printed nothing in reply waited its whole wait (12 s).
+    command_id = start(bg, program="python3", args=["-c", "import sys\nfor line in sys.stdin: pass"])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the program to wait for its input")
+    began = time.monotonic()
+    answer = write(bg, id=command_id, text="a\n", wait=12)
+    assert (answer["text"], answer["waiting"]) == ("", True), answer
+    assert time.monotonic() - began < 6, "it waited for the whole wait, not for the program to wait again"
+    write(bg, id=command_id, text="", eof=True, wait=0)
+    assert wait_ended(state, command_id)["exit"] == 0

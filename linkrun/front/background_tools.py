@@ -12,7 +12,8 @@ from ..config import Serve
 from ..messages.told import shown_command
 from ..units import format_duration
 from .reading import answer as read  # noqa: F401  (the tool layer finds every background tool's answer here)
-from .reading import how_it_ended, read_tool
+from .ending import how_it_ended
+from .reading import read_tool
 from .results import ToolResult, nullable
 from .writing import write_tool
 

@@ -18,6 +18,7 @@ from ..detached import outread
 from ..detached.lines import SCAN_SECONDS, Found, LineRange, compile_pattern, parse_range, scan
 from ..errors import Refused
 from ..messages.told import shown_word
+from .ending import ended_fields, how_it_ended
 from .kept import is_kept_id
 from .results import ToolResult
 from .waiting import END, MATCH, Waited, wait_seconds
@@ -94,12 +95,13 @@ def _answer(record: Shown, kept_from: int, total: int, found: Found, arguments: 
         notes.insert(0, _waited_note(waited, record))
         if waited is not None and waited.lost:
             notes.append(f"{waited.lost} bytes were cut away by the cap before they could be searched")
-    header = " · ".join([record["id"], record["state"], _what(arguments), _counted(found), *notes])
+    header = " · ".join([record["id"], how_it_ended(record), _what(arguments), _counted(found), *notes])
     structured = {
         "id": record["id"], "state": record["state"], "offset": found.start, "next": found.next,
         "kept_from": kept_from, "total": total, "text": body, "more": found.more, "searched_to": found.to,
         "lines": [{"line": line.number, "offset": line.offset, "text": line.data.decode("utf-8", errors="replace"),
                    "bytes": line.length} for line in found.lines],
+        **ended_fields(record),
     }
     if "wait" in arguments and arguments["wait"]:
         structured["until"] = waited.until if waited is not None else END

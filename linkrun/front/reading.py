@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..detached.lines import LINE_SHOWN, SCREEN
 from ..detached.outread import ReadChunk
 from ..errors import Refused
-from ..state.records import State, is_command_id, limit_words
+from ..state.records import is_command_id
+from .ending import ENDING_SCHEMA, ended_fields, how_it_ended
 from .kept import Kept, is_kept_id
 from .results import ToolResult
 from .waiting import MAX_WAIT, wait_seconds
@@ -79,6 +80,7 @@ def read_tool(background: bool, kept: bool) -> dict[str, Any]:
             "waited": {"type": "number", "description": "With pattern and wait: the seconds it waited."},
             "waiting": {"type": "boolean", "description": "A background command's: whether it is blocked "
                         "reading its input (or terminal) now, with nothing left to read: a prompt waits."},
+            **ENDING_SCHEMA,
         }, "required": ["id", "state", "offset", "next", "kept_from", "total", "text"]},
         "annotations": {"title": title, "readOnlyHint": True, "destructiveHint": False, "idempotentHint": True,
                         "openWorldHint": False},
@@ -145,28 +147,6 @@ def show_waiting(result: ToolResult, state: str, record: Shown) -> None:
         result.add_note(WAITING)
 
 
-LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "allocation": ", an allocation refused at its memory limit",
-                 "tasks": ", a fork refused at its task limit", "cpu": ", killed at its CPU time (SIGXCPU)"}
-
-
-# The exits a sandboxed program stopped by `stop` gets: its SIGTERM, then its SIGKILL after the grace.
-STOPS_SIGNALS = {128 + 15: "SIGTERM", 128 + 9: "SIGKILL"}
-
-
-def how_it_ended(record: Shown | dict[str, Any]) -> str:
-    """Its state, and once it ended its exit status or signal and the limit that bit (of a record, or of list's entry):
-    "exited (exit 137), killed at its memory limit"."""
-    how = str(record["state"])
-    exit_code = record.get("exit")
-    if exit_code is not None:
-        # A sandbox's init passes a death by a signal on as 128 and its number: a stop's own, said so.
-        by_stop = STOPS_SIGNALS.get(exit_code) if record["state"] == State.STOPPED else None
-        how += f" (exit {exit_code}: {by_stop}, its stop's)" if by_stop else f" (exit {exit_code})"
-    elif record.get("signal"):
-        how += f" ({record['signal']})"
-    return how + LIMIT_ENDINGS.get(limit_words(record), "")
-
-
 def read_answer(chunk: ReadChunk, asked: int | None, cap: int, state: str | None) -> ToolResult:
     """The structured value, and the text: a header line (id, state, the byte
     range, and any note), then exactly the bytes, so that no note can pass for
@@ -177,6 +157,7 @@ def read_answer(chunk: ReadChunk, asked: int | None, cap: int, state: str | None
     # The text again: structured-first clients give the model this value alone.
     structured = {"id": record["id"], "state": record["state"], "offset": chunk.offset, "next": chunk.next,
                   "kept_from": chunk.kept_from, "total": chunk.total, "text": text}
+    structured.update(ended_fields(record))
     dropped = record.get("dropped") or 0
     if dropped:
         structured["dropped"] = dropped

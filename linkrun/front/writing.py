@@ -19,7 +19,8 @@ from ..detached import input as program_input
 from ..detached import outread
 from ..errors import LinkRunError, Refused
 from ..state import records
-from .reading import how_it_ended, read_answer, show_waiting
+from .ending import ENDING_SCHEMA, how_it_ended
+from .reading import read_answer, show_waiting
 from .results import ToolResult
 from .waiting import MAX_WAIT
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .calls import CallContext
 
 DEFAULT_WAIT = 5.0  # seconds a write waits for its answer, at most: most answers are complete long before
-HOLD = 1.0  # seconds the supervisor may hold a write's answer for the output after it
+HOLD = 0.5  # seconds the supervisor may hold a write's answer for the output after it (then serve looks)
 STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run
 QUIET = 0.5  # seconds without output after which a program that reads no more has answered
 LOOK_EVERY = 0.05  # seconds between looks at a program that has not answered yet
@@ -57,6 +58,7 @@ def write_tool() -> dict[str, Any]:
             "offset": {"type": "integer"}, "next": {"type": "integer"}, "kept_from": {"type": "integer"},
             "total": {"type": "integer"}, "text": {"type": "string"},
             "waiting": {"type": "boolean", "description": "Whether it is blocked reading its input now."},
+            **ENDING_SCHEMA,
         }, "required": ["id", "state", "written", "offset", "next", "kept_from", "total", "text", "waiting"]},
         "annotations": {"title": "Write to a background command", "readOnlyHint": False, "destructiveHint": True,
                         "idempotentHint": False, "openWorldHint": False},
@@ -84,8 +86,9 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
         raise _no_input(background.settled(command_id))
     if "error" in reply:
         raise Refused(f"nothing was written to {command_id}: {reply['error']}")
-    left = 0.0 if reply.get("output") else max(0.0, wait - (time.monotonic() - began))
-    chunk = background.read({"id": command_id, "offset": before}, meta, left, report)
+    chunk = background.read({"id": command_id, "offset": before}, meta, 0)
+    if not reply.get("output"):
+        chunk = _first_output(background, chunk, before, began + wait, meta, report)
     if chunk.data and not chunk.ended and wait > 0:
         echo = data.replace(b"\n", b"\r\n") if record.get("tty") else b""
         chunk = _answered(background, chunk, before, echo, began + wait, meta)
@@ -95,6 +98,19 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     assert result.structured is not None  # a read's answer has its value
     result.structured.update({"written": len(data), "waiting": result.structured.get("waiting", False)})
     return result
+
+
+def _first_output(background: Background, chunk: ReadChunk, before: int, deadline: float, meta: dict[str, Any],
+                  report: Callable[[float, float], None] | None) -> ReadChunk:
+    """The output after the write once some comes, or the command ends; or, from a program that printed
+    nothing, once it waits for input again (it took the write silently), or at `deadline`."""
+    command_id = chunk.record["id"]
+    while not (chunk.data or chunk.ended) and time.monotonic() < deadline:
+        if program_input.waiting_for_input(background.state, chunk.record):
+            break
+        chunk = background.read({"id": command_id, "offset": before}, meta,
+                                min(LOOK_EVERY, deadline - time.monotonic()), report)
+    return chunk
 
 
 def _answered(background: Background, chunk: ReadChunk, before: int, echo: bytes, deadline: float,

@@ -399,7 +399,8 @@ def test_the_running_cap_holds_under_concurrent_starts_from_several_servers(serv
     accepted = [a for a in answers if "isError" not in a]
     refused = [a for a in answers if a.get("isError")]
     assert len(accepted) == 2
-    assert all("the most at once" in text_of(a) for a in refused)
+    assert all("of this agent run already, its conversations' together, the most at once" in text_of(a)
+               for a in refused), text_of(refused[0])
     # Those of another conversation, or of a client gone, are not in its list: the refusal names the way to all.
     assert all(f"stop --state {state}" in text_of(a) and "outlive" in text_of(a) for a in refused), text_of(refused[0])
 

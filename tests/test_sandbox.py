@@ -124,7 +124,7 @@ def test_the_environment_is_its_own_with_caches_under_work(tmp_path):
     folder = agent.create(str(tmp_path / "a"))
     env = dict(sandbox.environment(folder))
     assert set(env) == {"PATH", "HOME", "LANG", "TMPDIR", "NO_COLOR", "TERM", "PAGER", "GIT_TERMINAL_PROMPT",
-                        "PYTHONUNBUFFERED", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache", "CARGO_HOME", "GOCACHE", "GOPATH"}
+                        "PYTHONUNBUFFERED", "NODE_REPL_HISTORY", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache", "CARGO_HOME", "GOCACHE", "GOPATH"}
     assert env["HOME"] == folder.home and env["PATH"] == sandbox.SYSTEM_PATH
     for name in ("XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache", "CARGO_HOME", "GOCACHE", "GOPATH"):
         assert env[name].startswith(f"{folder.files}/work/.cache")

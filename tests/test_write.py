@@ -388,3 +388,39 @@ def test_a_write_taken_silently_is_answered_once_the_program_waits_again_not_at_
     assert time.monotonic() - began < 6, "it waited for the whole wait, not for the program to wait again"
     write(bg, id=command_id, text="", eof=True, wait=0)
     assert wait_ended(state, command_id)["exit"] == 0
+
+
+def test_what_a_program_printed_between_two_writes_is_in_the_next_writes_answer(bg, state, files):
+    # A second new user's trial: npm init's "license: (ISC) " prompt, late to the output file, was in no answer,
+    # and the model typed its answer blind: a write answered from where the output had got to, not from the last answer.
+    command_id = start(bg, program="sh", args=["-c", "read x; echo \"got $x\"; (sleep 0.3; echo late) & "
+                                               "read y; echo \"then $y\""])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    first = write(bg, id=command_id, text="a\n", wait=10)
+    assert first["text"] == "got a\n", first
+    output = files / "background" / f"{command_id}.out"
+    wait_for(lambda: b"late" in output.read_bytes(), what="the late line")
+    second = write(bg, id=command_id, text="b\n", wait=10)
+    assert (second["offset"], second["text"]) == (first["next"], "late\nthen b\n"), second
+    assert wait_ended(state, command_id)["exit"] == 0
+
+
+def test_on_a_terminal_a_pattern_ending_a_line_is_told_of_the_terminals_carriage_return(up_as):
+    # A second new user's trial: '^ready$' never matched a terminal's "ready\r\n", and nothing said why.
+    up = up_as
+    command_id = up_start(up, "sh", "-c", "echo ready; sleep 30", tty=True)
+    missed = up.server.call("read", {"id": command_id, "pattern": "^ready$", "wait": 1}, meta=UP_META, timeout=60)
+    assert r"end the pattern with \r?$ for a line's end" in text_of(missed), text_of(missed)
+    found = up.server.call("read", {"id": command_id, "pattern": r"^ready\r?$", "wait": 10}, meta=UP_META,
+                           timeout=60)
+    assert found["structuredContent"]["until"] == "match", text_of(found)
+    up.server.call("stop", {"id": command_id}, meta=UP_META, timeout=60)
+
+
+def test_ctrl_c_written_without_a_terminal_is_said_to_be_a_plain_byte(bg, state):
+    # A second new user's trial: \u0003 to a loop without tty answered "wrote 1 bytes", and the loop went on.
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got"])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    result = bg.call("write", {"id": command_id, "text": "\u0003\n", "wait": 5}, meta=META)
+    assert "its \\u0003 went as a plain byte: without tty" in text_of(result), text_of(result)
+    assert wait_ended(state, command_id)["exit"] == 0

@@ -49,7 +49,8 @@ def check_caps(state: str, running_cap: int, per_day: int) -> None:
     if running >= running_cap:
         # They outlive the client that started them: a session gone, or another
         # conversation, may hold every place, and list shows this conversation's alone.
-        raise Refused(f"{running} background commands run already, the most at once",
+        raise Refused(f"{running} background commands of this agent run already, its conversations' together, "
+                      "the most at once",
                       "a place frees up when one ends: wait for one, or stop one (list shows this conversation's); "
                       f"they outlive the client that started them, and {typed(f'stop --state {state}')} "
                       "in a terminal stops every one")

@@ -63,6 +63,9 @@ class Background:
         self.watcher = Watcher((self.state, os.path.join(settings.files, layout.BACKGROUND)))
         self.supervisor_argv: list[str] | None = None  # found at the first start
         self.ready = threading.Event()  # set after the session's first answer: the first sweep may run
+        # The furthest byte of each command's output a read or a write answered with: a write answers from
+        # there, so that what its program printed after the last answer (a prompt late to its file) is not skipped.
+        self.answered: dict[str, int] = {}
         # Supervisors forked ready-imported; LNK_WARM_FORKS=0 boots each afresh (a fallback, and the baseline).
         warm = settings.programs and os.environ.get("LNK_WARM_FORKS") != "0"
         # Each supervisor forked ahead makes its sandbox ahead; LNK_SANDBOX_AHEAD=0 makes it at the start (the baseline).

@@ -394,7 +394,8 @@ def main_stop(argv: list[str]) -> int:
         logger.info("no state folder: no background command runs")
         return 0
     stopped = stop_all(state, records.AGENT_STOPPING)
-    logger.info(f"stopped {len(stopped)} background command(s); they are told as lost when the agent is back")
+    logger.info(f"stopped {len(stopped)} background command(s); they are lost, and with a way in told so when "
+                "the agent is back")
     return 0
 
 

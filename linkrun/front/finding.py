@@ -95,6 +95,8 @@ def _answer(record: Shown, kept_from: int, total: int, found: Found, arguments: 
         notes.insert(0, _waited_note(waited, record))
         if waited is not None and waited.lost:
             notes.append(f"{waited.lost} bytes were cut away by the cap before they could be searched")
+    if not found.lines and record.get("tty") and "$" in str(arguments.get("pattern", "")):
+        notes.append(r"a terminal ends each line with \r\n: end the pattern with \r?$ for a line's end")
     header = " · ".join([record["id"], how_it_ended(record), _what(arguments), _counted(found), *notes])
     structured = {
         "id": record["id"], "state": record["state"], "offset": found.start, "next": found.next,

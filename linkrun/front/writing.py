@@ -92,9 +92,18 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     if chunk.data and not chunk.ended and wait > 0:
         echo = data.replace(b"\n", b"\r\n") if record.get("tty") else b""
         chunk = _answered(background, chunk, before, echo, began + wait, meta)
-    result = read_answer(chunk, before, background.b.output, background.state)
+    start = background.answered.get(command_id, before)
+    if chunk.kept_from <= start < before:  # printed after the last answer and before this write: not skipped
+        chunk = background.read({"id": command_id, "offset": start}, meta, 0)
+    else:
+        start = before
+    background.answered[command_id] = max(chunk.next, background.answered.get(command_id, 0))
+    result = read_answer(chunk, start, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))
+    if b"\x03" in data and not record.get("tty"):  # Ctrl-C is an interrupt only where a terminal makes it one
+        result.add_note("its \\u0003 went as a plain byte: without tty no terminal turns it into an interrupt; "
+                        "stop ends the command")
     assert result.structured is not None  # a read's answer has its value
     result.structured.update({"written": len(data), "waiting": result.structured.get("waiting", False)})
     return result

@@ -291,6 +291,8 @@ def environment(folder: agent_folder.AgentFolder, internet: bool = False) -> lis
         ("NO_COLOR", "1"), ("TERM", "dumb"), ("PAGER", "cat"), ("GIT_TERMINAL_PROMPT", "0"),
         # What Python prints reaches the output as it prints it: a line waited for, a call cut by its timeout.
         ("PYTHONUNBUFFERED", "1"),
+        # Node's REPL keeps no history file: the home it would write is read-only (it said so at each start).
+        ("NODE_REPL_HISTORY", ""),
         ("XDG_CACHE_HOME", cache), ("PIP_CACHE_DIR", f"{cache}/pip"),
         ("npm_config_cache", f"{cache}/npm"), ("CARGO_HOME", f"{cache}/cargo"),
         ("GOCACHE", f"{cache}/go-build"), ("GOPATH", f"{cache}/go"),

@@ -424,3 +424,15 @@ def test_ctrl_c_written_without_a_terminal_is_said_to_be_a_plain_byte(bg, state)
     result = bg.call("write", {"id": command_id, "text": "\u0003\n", "wait": 5}, meta=META)
     assert "its \\u0003 went as a plain byte: without tty" in text_of(result), text_of(result)
     assert wait_ended(state, command_id)["exit"] == 0
+
+
+def test_more_than_a_prompt_printed_between_two_writes_is_left_for_a_read(bg, state, files):
+    command_id = start(bg, program="sh", args=["-c", "read x; echo got; (sleep 0.3; printf '%5000s\\n' late) & "
+                                               "read y; echo \"then $y\""])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    first = write(bg, id=command_id, text="a\n", wait=10)
+    output = files / "background" / f"{command_id}.out"
+    wait_for(lambda: b"late" in output.read_bytes(), what="the late lines")
+    second = write(bg, id=command_id, text="b\n", wait=10)
+    assert (second["offset"], second["text"]) == (first["next"] + 5001, "then b\n"), second
+    assert wait_ended(state, command_id)["exit"] == 0

@@ -35,6 +35,7 @@ HOLD = 0.5  # seconds the supervisor may hold a write's answer for the output af
 STARTING_WAIT = 5.0  # seconds a write to a command still starting waits for it to run
 QUIET = 0.5  # seconds without output after which a program that reads no more has answered
 LOOK_EVERY = 0.05  # seconds between looks at a program that has not answered yet
+GAP_MOST = 4096  # bytes printed between two answers that a write's answer begins with
 
 
 def write_tool() -> dict[str, Any]:
@@ -93,7 +94,9 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
         echo = data.replace(b"\n", b"\r\n") if record.get("tty") else b""
         chunk = _answered(background, chunk, before, echo, began + wait, meta)
     start = background.answered.get(command_id, before)
-    if chunk.kept_from <= start < before:  # printed after the last answer and before this write: not skipped
+    # What it printed after the last answer and before this write (a prompt late to the file) is not skipped;
+    # more than a prompt's few lines is left to read, so that the write's own reply stays in its answer.
+    if chunk.kept_from <= start < before and before - start <= GAP_MOST:
         chunk = background.read({"id": command_id, "offset": start}, meta, 0)
     else:
         start = before

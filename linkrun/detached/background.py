@@ -72,6 +72,10 @@ class Background:
         ahead = self.sandbox_fields() if os.environ.get("LNK_SANDBOX_AHEAD") != "0" else None
         self.warm = WarmForks(self.state, ahead) if warm else None
 
+    def answered_to(self, command_id: str, reached: int) -> None:
+        """A read's or a write's answer gave the command's output up to byte `reached`."""
+        self.answered[command_id] = max(reached, self.answered.get(command_id, 0))
+
     def conversation(self, meta: dict[str, Any]) -> tuple[str, int]:
         return conversation(meta, self.b.way_in is not None)
 

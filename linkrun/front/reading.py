@@ -120,7 +120,7 @@ def answer(arguments: dict[str, Any], context: CallContext, settings: Serve, bac
         return read_answer(chunk, offset, kept.settings.output, None)
     assert background is not None  # read is offered with one of the two
     chunk = background.read(arguments, context.meta, wait_seconds(arguments), report)
-    background.answered[chunk.record["id"]] = max(chunk.next, background.answered.get(chunk.record["id"], 0))
+    background.answered_to(chunk.record["id"], chunk.next)
     result = read_answer(chunk, offset, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     return result

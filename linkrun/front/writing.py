@@ -100,7 +100,7 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
         chunk = background.read({"id": command_id, "offset": start}, meta, 0)
     else:
         start = before
-    background.answered[command_id] = max(chunk.next, background.answered.get(command_id, 0))
+    background.answered_to(command_id, chunk.next)
     result = read_answer(chunk, start, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
     result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))

@@ -431,3 +431,24 @@ def test_ctrl_c_written_without_a_terminal_is_said_to_be_a_plain_byte(bg, state)
     result = bg.call("write", {"id": command_id, "text": "\u0003\n", "wait": 5}, meta=META)
     assert "its \\u0003 went as a plain byte: without tty" in text_of(result), text_of(result)
     assert wait_ended(state, command_id)["exit"] == 0
+
+
+def test_a_write_waiting_for_its_first_output_reports_its_progress_from_the_write_at_a_pace(bg, state):
+    command_id = start(bg, program="sh", args=["-c", "read x; sleep 1.5; echo done; read y"])
+    wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
+    bg.send({"jsonrpc": "2.0", "id": "w", "method": "tools/call", "params": {
+        "name": "write", "arguments": {"id": command_id, "text": "a\n", "wait": 10},
+        "_meta": {**META, "progressToken": "p"}}})
+    ticks = []
+    while True:
+        message = bg.next_message(timeout=30)
+        if message.get("method") == "notifications/progress":
+            ticks.append(message["params"])
+        elif message.get("id") == "w":
+            assert message["result"]["structuredContent"]["text"] == "done\n", message
+            break
+    # Each from the write (its total the write's wait), rising, a few a second: not one per look.
+    assert ticks and all(tick["total"] == 10 for tick in ticks), ticks
+    assert [tick["progress"] for tick in ticks] == sorted(tick["progress"] for tick in ticks), ticks
+    assert len(ticks) <= 1.5 / 0.25 + 4, ticks
+    bg.call("stop", {"id": command_id}, meta=META)

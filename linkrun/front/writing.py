@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..detached import input as program_input
 from ..detached import outread
+from ..detached.background import PROGRESS_EVERY
 from ..errors import LinkRunError, Refused
 from ..state import records
 from .ending import ENDING_SCHEMA, how_it_ended
@@ -89,7 +90,7 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
         raise Refused(f"nothing was written to {command_id}: {reply['error']}")
     chunk = background.read({"id": command_id, "offset": before}, meta, 0)
     if not reply.get("output"):
-        chunk = _first_output(background, chunk, before, began + wait, meta, report)
+        chunk = _first_output(background, chunk, before, began, wait, meta, report)
     if chunk.data and not chunk.ended and wait > 0:
         echo = data.replace(b"\n", b"\r\n") if record.get("tty") else b""
         chunk = _answered(background, chunk, before, echo, began + wait, meta)
@@ -112,16 +113,19 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     return result
 
 
-def _first_output(background: Background, chunk: ReadChunk, before: int, deadline: float, meta: dict[str, Any],
-                  report: Callable[[float, float], None] | None) -> ReadChunk:
+def _first_output(background: Background, chunk: ReadChunk, before: int, began: float, wait: float,
+                  meta: dict[str, Any], report: Callable[[float, float], None] | None) -> ReadChunk:
     """The output after the write once some comes, or the command ends; or, from a program that printed
-    nothing, once it waits for input again (it took the write silently), or at `deadline`."""
-    command_id = chunk.record["id"]
-    while not (chunk.data or chunk.ended) and time.monotonic() < deadline:
+    nothing, once it waits for input again (it took the write silently), or `wait` seconds after `began`.
+    Its progress is reported from the write, at most every PROGRESS_EVERY seconds, not per short read."""
+    command_id, deadline, reported = chunk.record["id"], began + wait, None
+    while not (chunk.data or chunk.ended) and (now := time.monotonic()) < deadline:
         if program_input.waiting_for_input(background.state, chunk.record):
             break
-        chunk = background.read({"id": command_id, "offset": before}, meta,
-                                min(LOOK_EVERY, deadline - time.monotonic()), report)
+        if report is not None and (reported is None or now - reported >= PROGRESS_EVERY):
+            report(round(now - began, 1), wait)
+            reported = now
+        chunk = background.read({"id": command_id, "offset": before}, meta, min(LOOK_EVERY, deadline - now))
     return chunk
 
 

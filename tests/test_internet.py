@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import shutil
 import signal
 import shlex
 import socket
@@ -332,6 +333,68 @@ def test_without_hosts_a_call_has_no_relay_no_proxy_folder_and_no_variables(tmp_
     text = sh(server, "ls /run/lnk/proxy; env | grep -ci proxy; cat /proc/net/sockstat | grep TCP:")
     assert "No such file or directory" in text and "\n0\n" in text and "TCP: inuse 0" in text, text
     assert not (box.root / "State" / "proxy.json").exists()
+    assert server.close() == 0
+
+
+NO_LOOKUP = "[this call has no internet: no host's name can be looked up in its sandbox, nor any host reached"
+THROUGH_PROXY = "[this call reaches the internet only through the agent's proxy"
+LOOKUP = ("python3", ["-c", "import urllib.request; urllib.request.urlopen('https://pypi.org/simple/')"])
+
+
+def note_once(result: dict, note: str) -> None:
+    """The note once in the text (text-first clients), once in the structured value's notes (structured-first ones)."""
+    assert text_of(result).count(note) == 1, text_of(result)
+    assert sum(note in line for line in result["structuredContent"]["notes"]) == 1, result["structuredContent"]
+
+
+def test_without_hosts_a_name_not_looked_up_is_said_to_be_the_sandboxs_no_internet(tmp_path, up_server):
+    # A new user's trial: `npm install` failed with EAI_AGAIN, and nothing said that the call had no internet.
+    require_sandbox()
+    box = Agent(tmp_path, "")
+    server = up_server(box)
+    program, args = LOOKUP
+    result = server.call("command", {"program": program, "args": args})
+    assert "Temporary failure in name resolution" in text_of(result), text_of(result)
+    note_once(result, NO_LOOKUP)
+    assert f"allow hosts in [internet] hosts of {box.root / 'Config' / 'sandbox.toml'}, then start" in text_of(result)
+    quiet = server.call("command", {"program": "sh", "args": ["-c", "echo fine; exit 3"]})
+    assert "internet" not in text_of(quiet) and "notes" not in quiet["structuredContent"], quiet
+    assert server.close() == 0
+
+
+def test_without_hosts_package_managers_fail_at_once_rather_than_retry(tmp_path, up_server):
+    # A new user's trial: `npm install left-pad` retried for 74 s before it failed, pip for its five retries.
+    require_sandbox()
+    box = Agent(tmp_path, "")
+    server = up_server(box)
+    pip = server.call("command", {"program": "python3", "folder": "work", "args": [
+        "-m", "pip", "download", "--no-deps", "-d", "/tmp/wheels", "six"]}, timeout=60)
+    # One retry, at once: its warning says why.
+    assert text_of(pip).count("Retrying") == 1 and pip["structuredContent"]["exit"] != 0, text_of(pip)
+    note_once(pip, NO_LOOKUP)
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed here")
+    result = server.call("command", {"program": "sh", "folder": "work", "timeout": 30, "args": [
+        "-c", f"{npm} view left-pad version"]}, timeout=60)
+    structured = result["structuredContent"]
+    assert not structured["timed_out"] and structured["exit"] != 0, text_of(result)
+    assert "EAI_AGAIN" in text_of(result), text_of(result)
+    note_once(result, NO_LOOKUP)
+    assert server.close() == 0
+
+
+def test_with_hosts_a_program_that_looks_up_a_name_itself_is_told_of_the_proxy(tmp_path, site, up_server):
+    # Through the proxy a name is looked up by the proxy: a program that ignores the proxy's variables fails to.
+    box = agent_with_hosts(tmp_path, f"127.0.0.2:{site}")
+    server = up_server(box)
+    result = sh(server, "env -u HTTPS_PROXY -u https_proxy -u HTTP_PROXY -u http_proxy "
+                        "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/')\"")
+    assert "Temporary failure in name resolution" in result, result
+    raw = server.call("command", {"program": "sh", "args": ["-c", "env -u HTTPS_PROXY -u https_proxy "
+                      "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/')\""]})
+    note_once(raw, THROUGH_PROXY)
+    assert NO_LOOKUP not in text_of(raw)
     assert server.close() == 0
 
 

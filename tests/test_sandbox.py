@@ -124,7 +124,12 @@ def test_the_environment_is_its_own_with_caches_under_work(tmp_path):
     folder = agent.create(str(tmp_path / "a"))
     env = dict(sandbox.environment(folder))
     assert set(env) == {"PATH", "HOME", "LANG", "TMPDIR", "NO_COLOR", "TERM", "PAGER", "GIT_TERMINAL_PROMPT",
-                        "PYTHONUNBUFFERED", "NODE_REPL_HISTORY", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache", "CARGO_HOME", "GOCACHE", "GOPATH"}
+                        "PYTHONUNBUFFERED", "NODE_REPL_HISTORY", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache", "CARGO_HOME", "GOCACHE", "GOPATH",
+                        "PIP_RETRIES", "npm_config_fetch_retries", "CARGO_NET_RETRY"}
+    # With the internet, the package managers keep their retries; the proxy's variables name it.
+    through_proxy = dict(sandbox.environment(folder, internet=True))
+    assert not {"PIP_RETRIES", "npm_config_fetch_retries", "CARGO_NET_RETRY"} & set(through_proxy)
+    assert "HTTPS_PROXY" in through_proxy
     assert env["HOME"] == folder.home and env["PATH"] == sandbox.SYSTEM_PATH
     for name in ("XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache", "CARGO_HOME", "GOCACHE", "GOPATH"):
         assert env[name].startswith(f"{folder.files}/work/.cache")

@@ -86,11 +86,31 @@ def command_structured(outcome: Outcome, held: Holding | None = None,
     return value
 
 
+def lookup_note(outcome: Outcome, through_proxy: bool, sandbox_file: str) -> str | None:
+    """Why a host's name could not be looked up, when the output says it could not; else None."""
+    if not _kept_says(outcome, LOOKUP_FAILED):
+        return None
+    if through_proxy:
+        return ("[this call reaches the internet only through the agent's proxy, which its HTTPS_PROXY and "
+                "HTTP_PROXY variables name: a program that does not use them cannot look up a host's name]")
+    return ("[this call has no internet: no host's name can be looked up in its sandbox, nor any host reached. "
+            f"The user may allow hosts in [internet] hosts of {sandbox_file}, then start the agent again]")
+
+
+# What resolvers print when a name cannot be looked up: glibc's strerror, curl and git's, Node's code, Go's.
+LOOKUP_FAILED = (b"Temporary failure in name resolution", b"Could not resolve host", b"EAI_AGAIN",
+                 b"Name or service not known", b": no such host")
+
+
+def _kept_says(outcome: Outcome, needles: tuple[bytes, ...]) -> bool:
+    # Only the kept bytes are looked at: cheap, and enough for a hint.
+    return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail)
+               for needle in needles)
+
+
 def _refused_write(outcome: Outcome) -> bool:
-    # EROFS is what a write to a read-only bind fails with; programs print its
-    # strerror. Only the kept bytes are looked at: cheap, and enough for a hint.
-    needle = b"Read-only file system"
-    return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail))
+    # EROFS is what a write to a read-only bind fails with; programs print its strerror.
+    return _kept_says(outcome, (b"Read-only file system",))
 
 
 def _ending(outcome: Outcome, timeout: float, can_start: bool, longest: float) -> str:

@@ -20,7 +20,7 @@ from .kept import KEPT_SCHEMA, Kept, kept_links
 from .reading import offer_kept
 from .calls import CallContext
 from .arguments import QUOTE_MAX, check_run, cut_values, quoted
-from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note
+from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, lookup_note
 from ..config import Serve
 from ..errors import LinkRunError, Refused
 from .offer import Offer, background_off
@@ -267,4 +267,7 @@ class Tools:
             result.add_note(f"[this call had no internet: {outcome.no_internet}]")
         elif outcome.refused:
             result.add_note(outcome.refused)
+        lookup = lookup_note(outcome, self.settings.proxy, self.programs.sandbox_file) if self.caller.sandbox.real else None
+        if lookup is not None:
+            result.add_note(lookup)
         return result

@@ -296,7 +296,12 @@ def environment(folder: agent_folder.AgentFolder, internet: bool = False) -> lis
         ("XDG_CACHE_HOME", cache), ("PIP_CACHE_DIR", f"{cache}/pip"),
         ("npm_config_cache", f"{cache}/npm"), ("CARGO_HOME", f"{cache}/cargo"),
         ("GOCACHE", f"{cache}/go-build"), ("GOPATH", f"{cache}/go"),
-    ] + (list(internet_.VARIABLES) if internet else [])
+    ] + (list(internet_.VARIABLES) if internet else list(NO_RETRIES))
+
+
+# Without the internet a package manager's retries only wait: npm's for 74 s before it failed, pip's for 8.
+# pip keeps one, at once: its warning is where it says why (without it, only "no version found").
+NO_RETRIES = (("PIP_RETRIES", "1"), ("npm_config_fetch_retries", "0"), ("CARGO_NET_RETRY", "0"))
 
 
 def fixed_argv(folder: agent_folder.AgentFolder, sandbox: SandboxFile, host: Host,

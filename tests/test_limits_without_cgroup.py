@@ -330,3 +330,29 @@ def test_an_rlimit_is_never_asked_above_the_hard_limit_this_user_has():
         capture_output=True, text=True, timeout=60)
     assert f"{{'at_most': {1 << 30}, 'holds': 'per process'}}" in told_here.stdout, told_here.stdout
     assert "1G of memory in each process" in told_here.stdout and "50 s of CPU time" in told_here.stdout
+
+
+def test_a_write_past_the_largest_file_is_named_as_the_file_limit_in_each_answer(as_user):
+    # A new user's trial: `dd` past `[limits] file` ended with exit 153 and `limit: null`, and Python's
+    # "File too large" with nothing at all: a structured-first model saw an exit and no reason.
+    up = as_user('file = "1M"')
+    note = "[it reached the largest file it may write of 1M ([limits] file in the sandbox file)"
+    for program, args in (("sh", ["-c", "head -c 2000000 /dev/zero > work/big"]),
+                          ("python3", ["-c", "open('work/big', 'wb').write(bytes(2000000))"])):
+        result = up.server.call("command", {"program": program, "args": args})
+        value = result["structuredContent"]
+        assert value["limit"] == "file" and value["exit"] != 0, text_of(result)
+        assert text_of(result).count(note) == 1 and sum(note in line for line in value["notes"]) == 1, text_of(result)
+    assert "exit 153 · " in text_of(result := up.server.call("command", {"program": "sh", "args": [
+        "-c", "head -c 2000000 /dev/zero > work/big"]})) and "was killed by SIGXFSZ" in text_of(result), text_of(result)
+    fits = up.server.call("command", {"program": "sh", "args": ["-c", "head -c 1000 /dev/zero > work/small; exit 3"]})
+    assert fits["structuredContent"]["limit"] is None, text_of(fits)
+
+    big = up.start("sh", "-c", "head -c 2000000 /dev/zero > work/big")
+    up.wait_ended(big)
+    listed = up.server.call("list", {}, meta=META)
+    entry = next(e for e in listed["structuredContent"]["commands"] if e["id"] == big)
+    assert entry["limit"] == "file", entry
+    assert "a write refused past the largest file it may write ([limits] file)" in text_of(listed), text_of(listed)
+    record = orjson.loads((up.state / f"{big}.json").read_bytes())
+    assert "it reached the largest file it may write ([limits] file)" in told.told_text(record, b"")

@@ -41,7 +41,8 @@ _ENTRY = {
         "limit": nullable("string", 'The limit that bit: "memory" (its out-of-memory killer killed; where '
                           'no cgroup holds memory, an allocation was refused), '
                           '"tasks" (a fork was refused at its task limit), "cpu" (it used up its CPU time, '
-                          'an rlimit where no cgroup holds the cap), or null.'),
+                          'an rlimit where no cgroup holds the cap), "file" (a write past the largest file it may write '
+                          'was refused), or null.'),
         "waiting": {"type": "boolean", "description": "Whether it is blocked reading its input (or terminal), "
                     "with nothing left to read: a prompt waits for a write."},
         "unreadable": {"type": "string", "description": "Only when its output file could not be read now: why "

@@ -43,7 +43,7 @@ def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: b
     lines = [_ending(outcome, timeout, can_start, settings.timeout)]
     notes = []
     if outcome.limit is not None:
-        notes.append(limit_text(outcome.limit, held))
+        notes.append(limit_text(outcome.limit, held, settings.sandbox))
         lines.append(notes[-1])
     lines += _stream_text("output", outcome.output, ids.get("output"), cap)
     lines += _stream_text("errors", outcome.errors, ids.get("errors"), cap)
@@ -171,8 +171,13 @@ def limits_sentence(held: Holding, background_timeout: int | None = None) -> str
     return sentence + "The answer says which limit bit."
 
 
-def limit_text(limit: str, held: Holding | None) -> str:
-    """The limit that bit, in words, for a call's answer."""
+def limit_text(limit: str, held: Holding | None, fixed: tuple[str, ...] = ()) -> str:
+    """The limit that bit, in words, for a call's answer; `fixed`: the sandbox's command, which sets the largest file."""
+    if limit == "file":
+        size = next((f" of {describe_size(int(flag[8:]))}" for flag in fixed
+                     if flag.startswith("--fsize=") and flag[8:].isdigit()), "")
+        return (f"[it reached the largest file it may write{size} ([limits] file in the sandbox file): the kernel "
+                "refused a write past it, or ended the program with SIGXFSZ]")
     by_rlimit = held is not None and limit in held.by_rlimit
     if limit == "cpu":
         seconds = f" of {held.cpu_seconds} s" if held is not None and "cpu" in held.by_rlimit else ""

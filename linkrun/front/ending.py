@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from ..state.records import Shown
 
 LIMIT_ENDINGS = {"memory": ", killed at its memory limit", "allocation": ", an allocation refused at its memory limit",
-                 "tasks": ", a fork refused at its task limit", "cpu": ", killed at its CPU time (SIGXCPU)"}
+                 "tasks": ", a fork refused at its task limit", "cpu": ", killed at its CPU time (SIGXCPU)",
+                 "file": ", a write refused past the largest file it may write ([limits] file)"}
 
 
 # The exits a sandboxed program stopped by `stop` gets: its SIGTERM, then its SIGKILL after the grace.
@@ -41,7 +42,7 @@ ENDING_SCHEMA = {
                      "ended it."),
     "signal": nullable("string", "A background command's, once it ended: the signal that ended it, or null."),
     "limit": nullable("string", 'A background command\'s, once it ended: the limit that bit ("memory", "tasks", '
-                      '"cpu"), or null.'),
+                      '"cpu", "file"), or null.'),
 }
 
 

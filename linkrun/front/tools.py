@@ -68,7 +68,8 @@ _COMMAND_OUTPUT = {
         "limit": nullable("string", 'The limit that bit: "memory" when its out-of-memory killer killed (or, '
                           'where an rlimit holds it, its errors, or its output when they are empty, show an '
                           'allocation refused), "tasks" when a fork was refused at its task limit, "cpu" when it '
-                          'used up its CPU time (an rlimit), else null.'),
+                          'used up its CPU time (an rlimit), "file" when a write past the largest file it may write '
+                          'was refused (SIGXFSZ, or "File too large"), else null.'),
         "limits": LIMITS_SCHEMA,
         **KEPT_SCHEMA,
     },

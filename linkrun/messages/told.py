@@ -76,7 +76,8 @@ def _ending(record: Record) -> str:
     limit = {"memory": "; it reached its memory limit, and the out-of-memory killer killed it",
              "allocation": "; it likely reached its memory limit, and an allocation was refused",
              "tasks": "; it reached its task limit, and a fork or a new thread was refused",
-             "cpu": "; it used up its CPU time, and the kernel killed it with SIGXCPU"}
+             "cpu": "; it used up its CPU time, and the kernel killed it with SIGXCPU",
+             "file": "; it reached the largest file it may write ([limits] file), and a write past it was refused"}
     return _state_ending(record) + limit.get(limit_words(record), "")
 
 

@@ -199,8 +199,9 @@ class Runner:
             outcome = self._watch(request, leader, leader.process, started, cancel, output_limit, later, progress,
                                   launch, keepers)
             outcome.limit = group.limit_hit() if group is not None else None
-            if outcome.limit is None and launch.holding is not None and launch.holding.by_rlimit:
-                from ..sandboxing.fallback import bitten  # the limits no cgroup holds here: rlimits
+            if outcome.limit is None and (outcome.exit != 0 or outcome.signal is not None):
+                # The limits no cgroup holds here, and the largest file, rlimits all: signs in the end and errors.
+                from ..sandboxing.fallback import bitten
 
                 errors = bytes(outcome.errors.head + outcome.errors.tail)
                 if not errors:  # `2>&1`: what it said of a refusal is in its output

@@ -61,6 +61,8 @@ _SIGNS = {
     "tasks": (b"Resource temporarily unavailable", b"Cannot fork", b"can't fork", b"fork: retry",
               b"can't start new thread", b"unable to create native thread", b"failed to spawn thread"),
 }
+# A write past the largest file a program may write: EFBIG's strerror (Python ignores SIGXFSZ), a shell's word for SIGXFSZ.
+FILE_SIGNS = (b"File too large", b"File size limit exceeded")
 SIGNS_IN = 16384  # bytes of a background command's output's end looked into
 
 _RESOURCES = {"memory": resource.RLIMIT_DATA, "tasks": resource.RLIMIT_NPROC}
@@ -163,16 +165,26 @@ def holding(limits: Limits, place: Place, longest: int | None, euid: int | None 
     return Holding(limits, tuple(by_cgroup), tuple(by_rlimit), tuple(not_held), longest)
 
 
-def bitten(held: Holding, exit_status: int | None, signal_number: int | None, errors: bytes) -> str | None:
+def bitten(held: Holding | None, exit_status: int | None, signal_number: int | None, errors: bytes) -> str | None:
     """The limit held by an rlimit that a call ended on, where it can be known:
+    "file" when SIGXFSZ ended it or its errors show a write refused past the
+    largest file it may write (an rlimit in every sandbox, limits or none);
     "cpu" when SIGXCPU ended it (through bwrap: exit 128+SIGXCPU); "memory" or
     "tasks" when it failed and its errors show an allocation or a fork refused."""
-    if "cpu" in held.by_rlimit and (signal_number == signal.SIGXCPU or exit_status == 128 + signal.SIGXCPU):
+    def ended_by(number: int) -> bool:
+        return signal_number == number or exit_status == 128 + number
+
+    by_rlimit = held.by_rlimit if held is not None else ()
+    if ended_by(signal.SIGXFSZ):
+        return "file"
+    if "cpu" in by_rlimit and ended_by(signal.SIGXCPU):
         return "cpu"
     if exit_status == 0 and signal_number is None:
         return None
+    if any(sign in errors for sign in FILE_SIGNS):
+        return "file"
     for name in ("memory", "tasks"):
-        if name in held.by_rlimit and any(sign in errors for sign in _SIGNS[name]):
+        if name in by_rlimit and any(sign in errors for sign in _SIGNS[name]):
             return name
     return None
 
@@ -181,6 +193,6 @@ def bitten_at_end(held: Holding | None, exit_status: int | None, signal_number: 
                   last: Callable[[int], bytes]) -> str | None:
     """`bitten`, for a background command: its output is one stream, in a
     file, whose `last` SIGNS_IN bytes hold what a refusal printed."""
-    if held is None or not held.by_rlimit:
+    if exit_status == 0 and signal_number is None:
         return None
     return bitten(held, exit_status, signal_number, last(SIGNS_IN))

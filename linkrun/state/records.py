@@ -400,7 +400,7 @@ def now() -> float:
 
 # The signal a limit ends a program with (its name, its number): SIGXCPU at its
 # CPU time, the out-of-memory killer's SIGKILL.
-LIMIT_SIGNALS = {"cpu": ("SIGXCPU", 24), "memory": ("SIGKILL", 9)}
+LIMIT_SIGNALS = {"cpu": ("SIGXCPU", 24), "memory": ("SIGKILL", 9), "file": ("SIGXFSZ", 25)}
 
 
 def killed_by_limit(limit: object, exit_status: object, signal: object = None) -> bool:

@@ -36,7 +36,7 @@ USAGES: dict[str, tuple[str, str] | str] = {
     "doctor": "lnk-link-run doctor [--agent DIR] [--sandbox FILE]",
     "supervise": ("linkrun.detached.supervise", "USAGE"),
     "sweep": "lnk-link-run sweep <state> [--way-in ADDR --as ID [--keyring DIR]]",
-    "stop": "lnk-link-run stop (--agent <folder> | --state <dir>)",
+    "stop": "lnk-link-run stop [--agent <folder> | --state <dir>]   (default: the agent up starts by default)",
     "remove": "lnk-link-run remove (--agent <folder> | --state <dir>)",
     "way-in": ("linkrun.messages.standin", "LISTEN_HELP"),
     "proxy": "lnk-link-run proxy --state <dir>",

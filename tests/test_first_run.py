@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import SERVER, clean_env, require_sandbox, text_of, wait_for
 from sandbox_helpers import outer_sandbox
-from up_harness import Up, ensure_tester, running_as_root
+from up_harness import META, Up, ensure_tester, running_as_root
 
 from linkrun.sandboxing import hostfacts, sandbox
 from linkrun.state import records
@@ -213,10 +213,16 @@ def test_stop_and_remove_take_the_agents_folder_as_up_does_and_given_neither_nam
     run, folder = who
     agent = folder / "agent"
     assert run("up", "--agent", str(agent), "--no-way-in").returncode == 0  # makes the agent's folder
+    neither = run("remove")  # it deletes: the agent is named, never assumed
+    assert neither.returncode == 2, neither.stderr
+    assert "--agent <folder>" in neither.stderr and "--state <dir>" in neither.stderr, neither.stderr
+    # A new user's trial: stop needed --agent even for the agent up and doctor take by default.
+    nothing = run("stop")  # no default agent made yet: nothing of it runs
+    assert nothing.returncode == 0 and "no state folder: no background command runs" in nothing.stderr, nothing.stderr
+    assert run("up", "--no-way-in").returncode == 0  # the default agent
+    by_default = run("stop")
+    assert by_default.returncode == 0 and "stopped 0 background command(s)" in by_default.stderr, by_default.stderr
     for command in ("stop", "remove"):
-        neither = run(command)
-        assert neither.returncode == 2, neither.stderr
-        assert "--agent <folder>" in neither.stderr and "--state <dir>" in neither.stderr, neither.stderr
         both = run(command, "--agent", str(agent), "--state", str(agent / "State"))
         assert both.returncode == 2 and "give one" in both.stderr, both.stderr
         not_an_agent = run(command, "--agent", str(agent / "State"))  # its state folder, given as the agent's
@@ -254,6 +260,26 @@ def test_stop_given_the_agents_folder_stops_the_background_commands_that_outlive
     assert "stopped 1 background command(s)" in done.stderr, done.stderr
     assert records.load(str(up_as.state), command_id)["state"] == "lost"
     assert not records.is_held(str(up_as.state), command_id)
+
+
+def test_remove_beside_a_running_serve_says_what_it_removed_and_that_serve_says_its_state_is_gone(up_as, request):
+    # A new user's trial: `remove` printed nothing, and each call of the serve still running then
+    # failed with "[Errno 2] ... State/etc.view. Try again", which never mended it.
+    command_id = up_as.start("python3", "-c", "import time; time.sleep(1000)")
+    wait_for(lambda: (records.load(str(up_as.state), command_id) or {}).get("state") == "running",
+             timeout=30, what="the background command to run")
+    done = run_as_owner(up_as, request, "remove", "--agent", str(up_as.agent))
+    assert done.returncode == 0, done.stderr
+    assert f"removed {up_as.state}: stopped 1 background command(s), removed 1 record(s)" in done.stderr, done.stderr
+    assert not up_as.state.exists()
+    # The first call makes its kept output's folder again (State/kept/): each call still says the state is gone.
+    for name, arguments in (("command", {"program": "sh", "args": ["-c", "echo hi"]}),
+                            ("start", {"program": "sh", "args": ["-c", "echo hi"]})):
+        result = up_as.server.call(name, arguments, meta=META, timeout=60)
+        assert result.get("isError"), result
+        text = text_of(result)
+        assert f"the agent's state folder {up_as.state} is gone: `lnk-link-run remove` removed it" in text, text
+        assert "start the agent again" in text and "Try again" not in text, text
 
 
 def test_read_of_an_ended_background_command_says_how_it_ended(up_as):

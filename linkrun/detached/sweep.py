@@ -356,10 +356,14 @@ def _state_folder(argv: list[str], command: str) -> str | None:
         raise UsageError(f"{command} takes --agent or --state, not both", "give one")
     if "--state" in flags:
         return _checked_state(os.path.abspath(str(flags["--state"])), command)
-    if "--agent" not in flags:
-        raise UsageError(f"{command} needs the agent: --agent <folder> (the folder up was given) or --state <dir> "
-                         "(its state folder)")
-    folder = agent_folder.locate(str(flags["--agent"]))
+    if "--agent" not in flags and command == "remove":  # it deletes: the agent is named, never assumed
+        raise UsageError(f"{command} needs the agent it deletes the state of: --agent <folder> (the folder up was "
+                         "given) or --state <dir> (its state folder)")
+    # stop, as up and doctor: the default agent's folder unless one is given.
+    given = str(flags["--agent"]) if "--agent" in flags else agent_folder.default_root(os.environ)
+    folder = agent_folder.locate(given)
+    if "--agent" not in flags and not os.path.isdir(folder.root):
+        return None  # no default agent yet: nothing of it runs
     if not os.path.isdir(folder.root):
         raise LinkRunError(f"--agent {folder.root}: no such folder", "give the agent's folder, as up was given it")
     if not any(os.path.isdir(os.path.join(folder.root, part)) for part in AGENT_PARTS):
@@ -409,7 +413,8 @@ def main_remove(argv: list[str]) -> int:
         f.write(f"{records.now():.3f}\n")
     # As the agent stopping: they end lost and untold, and no supervisor
     # lingers telling an agent that is going away.
-    stop_all(state, records.AGENT_STOPPING)
+    stopped = stop_all(state, records.AGENT_STOPPING)
+    removed = 0
     for command_id in records.ids(state):
         fd = records.try_lock(state, command_id)
         if fd is None:
@@ -418,7 +423,12 @@ def main_remove(argv: list[str]) -> int:
             record = records.load(state, command_id)
             if record:
                 remove_files(state, record)
+                removed += 1
         finally:
             os.close(fd)
     shutil.rmtree(state, ignore_errors=True)
+    # A serve of this agent that still runs answers its next calls that its state folder is gone.
+    logger.info(f"removed {state}: stopped {len(stopped)} background command(s), removed {removed} record(s) "
+                "with their output; a server of this agent that still runs refuses its calls until it is "
+                "started again")
     return 0

@@ -237,7 +237,16 @@ def pin(link: str) -> int:
     """A descriptor of the current view, holding it (a shared flock) until
     closed: bound by bwrap, it is never removed under the sandbox."""
     for _ in range(16):
-        fd = os.open(link, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(link, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            state = os.path.dirname(link)
+            if os.path.isdir(os.path.join(state, ETC_VIEWS)):
+                raise
+            # `remove` beside a running serve: said, where "try again" would never mend it.
+            raise LinkRunError(f"the agent's state folder {state} is gone: `lnk-link-run remove` removed it, or it "
+                               "was deleted", "start the agent again (in most clients, restart its server): up "
+                               "makes it afresh") from None
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a remover takes it apart
         held = os.fstat(fd)
         try:

@@ -114,7 +114,7 @@ def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFil
 def _longest_call(folder: agent_folder.AgentFolder) -> int:
     """The most seconds a call runs (the spec's timeout, else the default): the span of a cpu limit's rlimit."""
     from .config import parse_duration
-    from .spec import read_toml, run_settings
+    from .calls.spec import read_toml, run_settings
 
     source = folder.spec_file
     try:
@@ -137,17 +137,21 @@ def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFil
 
 def _spec_file(folder: agent_folder.AgentFolder) -> Iterator[Check]:
     """The agent's spec, as `up` reads it: one it cannot follow ends `up` before its handshake."""
-    from .spec import read_toml, run_settings
+    from .calls.spec import no_run_table, read_toml, run_settings
 
     source = folder.spec_file
     if not os.path.exists(source):
         return  # none written: the embedded defaults
     try:
-        run_settings(read_toml(source, "spec"), source)
+        spec = read_toml(source, "spec")
+        run_settings(spec, source)
     except LinkRunError as error:
         yield "FAIL", f"the spec: {error.message}", \
-            f"{error.hint + '; ' if error.hint else ''}mend it, then start the agent again: {typed('up')} ends at " \
-            "once until it can follow it"
+            f"{error.hint + '; ' if error.hint else ''}mend it, then start the agent again: until then its server " \
+            "refuses every call that runs a program, saying why"
+        return
+    if (missing := no_run_table(spec, source)) is not None:
+        yield "warn", missing.message, missing.hint
         return
     yield "ok", f"the spec: {source}", ""
 

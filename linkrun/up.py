@@ -23,7 +23,7 @@ from .address import parse_address
 from .calls.setup import up_checks
 from .config import Flags, WayInFlags, split_flags, way_in_flags
 from .invocation import typed
-from .spec import RUN_KEYS, read_toml, run_settings
+from .calls.spec import RUN_KEYS, no_run_table, read_toml, run_settings
 from .errors import LinkRunError, UsageError
 
 USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
@@ -157,14 +157,14 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     follows: the ones given (checked before anything is created or copied,
     then kept in Config/), else the ones kept, else the embedded defaults.
 
-    A kept sandbox file that the user edited into one that cannot be
+    A kept sandbox file or spec that the user edited into one that cannot be
     followed does not end `up` before its handshake, where its client would
     show a failed server and the reason only in its log: serve runs on the
     embedded defaults, and its checks (calls/setup.py reads the file again)
     fail with the reason, so every call that runs a program is refused with
     what is wrong and where, which the model reads and can tell the user.
     Before a person at a terminal, `up` ends with it, as before. The last
-    value: whether the sandbox file is followed (not: the defaults are)."""
+    value: whether the kept files are followed (not: the defaults are)."""
     sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
     settings = sandbox.load(sandbox_path) if sandbox_path else None
     run = run_settings(read_toml(spec_path, "spec"), spec_path) if spec_path else None
@@ -184,7 +184,14 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     if spec_path:
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
-        run = run_settings(read_toml(folder.spec_file, "spec"), folder.spec_file)
+        try:
+            spec = read_toml(folder.spec_file, "spec")
+            run = run_settings(spec, folder.spec_file)
+            if (missing := no_run_table(spec, folder.spec_file)) is not None:
+                logger.warning(str(missing))
+        except LinkRunError as problem:  # as the sandbox file's: said in the calls' answers (setup.py)
+            _say_served(problem)
+            followed = False
     assert settings is not None
     return folder, settings, run if run is not None else run_settings({}, "the embedded defaults"), followed
 

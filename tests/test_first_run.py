@@ -351,3 +351,20 @@ def test_doctor_names_a_spec_that_up_cannot_follow(tmp_path):
     failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
     assert failed and failed[0].startswith(f"FAIL the spec: {agent}/Config/spec.toml: [tool.run] timeout 'five'"), \
         done.stdout
+
+
+def test_doctor_and_up_say_a_spec_without_a_run_table_sets_nothing(tmp_path, servers):
+    # A third new user's trial: `[run]` for `[tool.run]` was read as no numbers at all, and doctor said "ok".
+    agent = tmp_path / "agent"
+    (agent / "Config").mkdir(parents=True)
+    (agent / "Config" / "spec.toml").write_text("[run]\ntimeout = 30\n")
+    env = clean_env(HOME=str(tmp_path))
+    done = subprocess.run(SERVER + ["doctor", "--agent", str(agent)], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    said = f"the spec {agent}/Config/spec.toml has no [tool.run] table: its numbers are the embedded defaults"
+    assert f"warn {said}" in done.stdout, done.stdout
+    assert "ok the spec" not in done.stdout, done.stdout
+    server = servers(SERVER + ["up", "--agent", str(agent)], env=env)
+    server.initialize()
+    assert server.close() == 0
+    assert said in server.stderr.decode(), server.stderr

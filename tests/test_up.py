@@ -254,6 +254,9 @@ def test_a_call_whose_syscall_filter_is_gone_is_refused_not_run_unfiltered(box, 
 @pytest.mark.parametrize("kept,text,said", [
     ("sandbox.toml", "[bogus]\n", "unknown section [bogus]"),
     ("sandbox.toml", "[limits]\nmemory = \"lots\"\n", "lots"),
+    # A third new user's trial: a spec mended wrong ended up before its handshake.
+    ("spec.toml", "[tool.run]\ntimout = 30\n", "[tool.run] has unknown key 'timout'"),
+    ("spec.toml", "[tool.run\n", "is not valid TOML"),
 ])
 def test_a_kept_file_mended_wrong_is_said_in_every_calls_answer_not_only_in_the_clients_log(box, servers, kept,
                                                                                           text, said):
@@ -271,7 +274,8 @@ def test_a_kept_file_mended_wrong_is_said_in_every_calls_answer_not_only_in_the_
             text_of(result)
         assert "start the agent again" in text_of(result), text_of(result)
         # A new user's trial: "the sandbox cannot start here" read as this machine's fault, not the file's.
-        assert text_of(result).startswith("Failed: the agent's sandbox file cannot be followed, so nothing runs: "), \
+        what = "sandbox file" if kept == "sandbox.toml" else "spec"
+        assert text_of(result).startswith(f"Failed: the agent's {what} cannot be followed, so nothing runs: "), \
             text_of(result)
     assert not (box.root / "Files" / "ran").exists()
     assert server.close() == 1

@@ -86,22 +86,36 @@ def up_checks(root: str, fixed: Sequence[str], write: Sequence[str], seccomp: st
 
 
 def kept_files_followed(folder: agent.AgentFolder) -> None:
-    """The agent's kept sandbox file, read as `up` reads it: one the user
-    mended wrong had `up` start serve on the embedded defaults (up.py), and
-    then nothing may run. Raises LinkRunError naming the fix."""
+    """The agent's kept sandbox file and spec, read as `up` reads them: one
+    the user mended wrong had `up` start serve on the embedded defaults
+    (up.py), and then nothing may run. Raises LinkRunError naming the fix."""
     from ..sandboxing import sandbox
+    from .spec import read_toml, run_settings
+
+    def again(problem: LinkRunError) -> str:
+        return f"{problem.hint + '; then' if problem.hint else 'mend it, then'} start the agent again (its MCP client starts it)"
 
     try:
         sandbox.load(folder.sandbox_file)
     except LinkRunError as problem:
-        hint = f"{problem.hint}; then" if problem.hint else "mend it, then"
-        raise KeptFileUnfollowed(problem.message, f"{hint} start the agent again (its MCP client starts it)") from None
+        raise KeptFileUnfollowed(problem.message, again(problem)) from None
+    if os.path.exists(folder.spec_file):
+        try:
+            run_settings(read_toml(folder.spec_file, "spec"), folder.spec_file)
+        except LinkRunError as problem:
+            raise KeptSpecUnfollowed(problem.message, again(problem)) from None
 
 
 class KeptFileUnfollowed(LinkRunError):
     """The agent's kept sandbox file cannot be followed: the machine is fine, the file is not."""
 
     lead = "the agent's sandbox file cannot be followed, so nothing runs"
+
+
+class KeptSpecUnfollowed(KeptFileUnfollowed):
+    """The agent's kept spec cannot be followed: its numbers would be the defaults', which the user did not ask for."""
+
+    lead = "the agent's spec cannot be followed, so nothing runs"
 
 
 def check_proxy_settings(state: str) -> None:

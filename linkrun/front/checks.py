@@ -103,7 +103,7 @@ class Checks:
 
         from ..calls.setup import KeptFileUnfollowed
 
-        lead = KeptFileUnfollowed.lead if isinstance(self.failure, KeptFileUnfollowed) else CANNOT_START
+        lead = self.failure.lead if isinstance(self.failure, KeptFileUnfollowed) else CANNOT_START
         return ToolResult(f"Failed: {lead}: {self.failure}", is_error=True)
 
     def passed(self) -> bool:

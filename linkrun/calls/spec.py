@@ -1,16 +1,17 @@
 """The agent's spec file: its `[tool.run]` over the embedded defaults →
-serve's flag values, read by `up` (which serves with them) and `doctor`
-(which checks a call's longest run), so that neither imports the other's
-reading of it."""
+serve's flag values, read by `up` (which serves with them), `doctor`
+(which checks a call's longest run) and serve's checks (setup.py: a kept
+spec that cannot be followed refuses the calls), so that none imports
+another's reading of it."""
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
 
-from .config import parse_duration, parse_size
-from .errors import LinkRunError, UsageError
-from .sandboxing import sandbox
+from ..config import parse_duration, parse_size
+from ..errors import LinkRunError, UsageError
+from ..sandboxing import sandbox
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,6 +63,15 @@ def run_settings(spec: Mapping[str, Any], source: str) -> dict[str, str]:
         values[flag] = text
     values["--hops"] = str(base["hops"])
     return values
+
+
+def no_run_table(spec: Mapping[str, Any], source: str) -> LinkRunError | None:
+    """A spec without `[tool.run]` (`[run]`, say): its numbers are all the defaults', which is worth saying."""
+    tool = spec.get("tool")
+    if isinstance(tool, Mapping) and "run" in tool:
+        return None
+    return LinkRunError(f"the spec {source} has no [tool.run] table: its numbers are the embedded defaults",
+                        f"put them under [tool.run] ({', '.join(RUN_KEYS)})")
 
 
 def read_toml(path: str, what: str) -> dict[str, Any]:

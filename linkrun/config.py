@@ -30,7 +30,9 @@ VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def parse_duration(flag: str, text: str) -> int:
     """`90`, `90s`, `2m`, `1h`, `1d` → seconds (above 0)."""
     match = _DURATION.fullmatch(text)
-    if not match or int(match.group(1)) == 0:
+    if match and int(match.group(1)) == 0:
+        raise UsageError(f"{flag} {text!r} is no time at all", "give at least 1s")
+    if not match:
         raise UsageError(f"{flag} {text!r} is not a duration", "write it as 90, 90s, 2m, 1h or 1d")
     return int(match.group(1)) * _UNITS[match.group(2)]
 
@@ -38,7 +40,9 @@ def parse_duration(flag: str, text: str) -> int:
 def parse_size(flag: str, text: str) -> int:
     """`16384`, `16K`, `16M` (K = 1024) → bytes (above 0)."""
     match = _SIZE.fullmatch(text)
-    if not match or int(match.group(1)) == 0:
+    if match and int(match.group(1)) == 0:
+        raise UsageError(f"{flag} {text!r} is no bytes at all", "give at least 1 (16K, say)")
+    if not match:
         raise UsageError(f"{flag} {text!r} is not a size", "write it as 16384, 16K or 16M (K = 1024)")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 

@@ -423,6 +423,9 @@ def test_without_programs_there_is_no_command_and_the_instructions_say_so(server
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K"], "no sandbox after --"),
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2x", "--output", "16K", "--", "env"], "--timeout '2x' is not a duration"),
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16Q", "--", "env"], "--output '16Q' is not a size"),
+    # A third new user's trial: 0 was "not a size", where it is one too small.
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "0", "--output", "16K", "--", "env"], "--timeout '0' is no time at all; give at least 1s"),
+    (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "0K", "--", "env"], "--output '0K' is no bytes at all"),
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--var", "1X=2", "--", "env"], "--var '1X=2' is not NAME=VALUE"),
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--state", "/tmp/s", "--", "env"], "--background is required with --state"),
     (["--files", "/tmp", "--programs-path", "/bin", "--timeout", "2m", "--output", "16K", "--write", "../x", "--", "env"], "--write '../x'"),

@@ -6,6 +6,7 @@ Real `up`, real `doctor`, real bubblewrap, as root and as an ordinary user
 from __future__ import annotations
 
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -120,6 +121,10 @@ def test_the_first_up_writes_the_sandbox_file_in_force_and_adding_a_program_to_i
     text = written.read_text()
     assert text.startswith("#") and "[commands]" in text and "[limits]" in text, text
     assert sandbox.load(str(written)) == sandbox.load(None)._replace(source=str(written))
+    # A third new user's trial: a comment named `[limits] cpu_spare_cores`, which the file refuses as unknown.
+    named = re.findall(r"\[(\w+)\] (\w+)", "\n".join(line.partition("#")[2] for line in text.splitlines()))
+    assert all(key in sandbox.KEYS.get(section, ()) for section, key in named), named
+    assert "cpu_spare_cores" not in text, text
     # The docs' advice: add the program to [commands] allow.
     written.write_text(text.replace('"sh", "bash",', '"sh", "id", "bash",', 1))
     done = run("doctor", "--agent", str(agent))

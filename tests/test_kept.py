@@ -185,7 +185,11 @@ def test_resources_are_declared_only_with_kept_output(servers, files, state):
     assert server.initialize()["capabilities"]["resources"] == {}
     plain = servers(serve_argv(files))
     assert "resources" not in plain.initialize()["capabilities"]
-    assert plain.request("resources/read", {"uri": "linkrun://kept/x"})["error"]["code"] == -32601
+    refused = plain.request("resources/read", {"uri": "linkrun://kept/x"})["error"]
+    assert refused["code"] == -32601 and refused["message"].endswith("this server offers tools only"), refused
+    # A third new user's trial: an unknown method was answered "tools only" where resources are served too.
+    unknown = server.request("no/such", {})["error"]
+    assert unknown["message"] == "unknown method 'no/such'; this server offers tools, and the resources of its kept output"
 
 
 def test_no_resource_link_for_a_client_before_2025_06_18(servers, files, state):

@@ -9,6 +9,7 @@ every capability), and the tests prove it so.
 
 from __future__ import annotations
 
+import re
 import os
 import secrets
 import subprocess
@@ -60,6 +61,12 @@ def test_internet_hosts_are_names_wildcards_and_ports_or_star():
     for bad in ("http://example.org", "example.org/path", "example.org:0", "example.org:70000", "*:80",
                 "ex ample.org", "", "[::1]:80", "*.*.example.org"):
         with pytest.raises(LinkRunError, match=r"\[internet\] hosts has"):
+            sandbox.parse({"internet": {"hosts": [bad]}}, "f")
+    # A third new user's trial: the refusal gave the right form, and never said what was wrong.
+    for bad, why in (("https://pypi.org", "with a scheme: a host is its name alone"),
+                     ("pypi.org/simple", "with a path: a host is its name alone"),
+                     ("pypi.org:99999", "whose port 99999 is not one (1 to 65535)")):
+        with pytest.raises(LinkRunError, match=re.escape(f"[internet] hosts has {bad!r}, {why}")):
             sandbox.parse({"internet": {"hosts": [bad]}}, "f")
 
 

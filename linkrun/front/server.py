@@ -212,7 +212,8 @@ class Session:
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else {}
         if not self._known(method):
-            return error(request_id, METHOD_NOT_FOUND, f"unknown method {method!r}; this server offers tools only")
+            offers = "tools, and the resources of its kept output" if self.keeps_output else "tools only"
+            return error(request_id, METHOD_NOT_FOUND, f"unknown method {method!r}; this server offers {offers}")
         if method == "initialize":
             return result(request_id, self._initialize(params))
         modern = VERSION_KEY in meta

@@ -58,7 +58,7 @@ class SandboxFile(NamedTuple):
     cpu: int | None = None  # per call, in percent of one core; None: every core but the spare ones
 
 
-_KEYS = {"commands": {"allow"}, "files": {"write"}, "internet": {"hosts"}, "limits": {"tmp", "file", "memory", "tasks", "cpu"}}
+KEYS = {"commands": {"allow"}, "files": {"write"}, "internet": {"hosts"}, "limits": {"tmp", "file", "memory", "tasks", "cpu"}}
 
 
 def parse(data: Mapping[str, Any], source: str) -> SandboxFile:
@@ -68,13 +68,13 @@ def parse(data: Mapping[str, Any], source: str) -> SandboxFile:
     otherwise silently grant or refuse something."""
     base = defaults()["sandbox"]
     for section, table in data.items():
-        if section not in _KEYS or not isinstance(table, Mapping):
+        if section not in KEYS or not isinstance(table, Mapping):
             raise LinkRunError(f"{source}: unknown section [{section}]",
                                "a sandbox file has [commands], [files], [internet] and [limits]")
         for key in table:
-            if key not in _KEYS[section]:
+            if key not in KEYS[section]:
                 raise LinkRunError(f"{source}: unknown key {key!r} in [{section}]",
-                                   f"[{section}] takes {', '.join(sorted(_KEYS[section]))}")
+                                   f"[{section}] takes {', '.join(sorted(KEYS[section]))}")
 
     def value(section: str, key: str) -> object:
         return data.get(section, {}).get(key, base[section][key])
@@ -89,7 +89,7 @@ def parse(data: Mapping[str, Any], source: str) -> SandboxFile:
     for host in hosts:
         match = re.fullmatch(r"(\*|(\*\.)?[A-Za-z0-9.-]+)(:(\d{1,5}))?", host)
         if not match or match[4] and not 0 < int(match[4]) < 65536 or match[1] == "*" and match[3]:
-            raise LinkRunError(f"{source}: [internet] hosts has {host!r}",
+            raise LinkRunError(f"{source}: [internet] hosts has {host!r}{_host_mistake(host)}",
                                'write example.org, *.example.net, example.com:8443 or "*"')
     return SandboxFile(
         allow=allow,
@@ -279,6 +279,18 @@ def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder)
         else:
             kept.append(program)
     return ProgramsHere(tuple(kept), tuple(missing), tuple(hidden), tuple(folders))
+
+
+def _host_mistake(host: str) -> str:
+    """What is wrong with a host entry, where a new user's mistake shows: a scheme, a path, a port out of range."""
+    if "://" in host:
+        return ", with a scheme: a host is its name alone"
+    if "/" in host:
+        return ", with a path: a host is its name alone"
+    port = host.rpartition(":")[2] if ":" in host else ""
+    if port.isdigit() and not 0 < int(port) < 65536:
+        return f", whose port {port} is not one (1 to 65535)"
+    return ""
 
 
 def environment(folder: agent_folder.AgentFolder, internet: bool = False) -> list[tuple[str, str]]:

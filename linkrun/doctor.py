@@ -58,6 +58,8 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     if settings is None:
         return
     yield from _spec_file(folder)
+    if os.path.isdir(folder.files) and (unmade := sandbox.unmade_write_folders(folder.files, settings)) is not None:
+        yield "warn", unmade, ""
     host = yield from _host_checks(settings)
     if host is None:
         return

@@ -116,6 +116,8 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
         logger.warning(f"the sandbox file allows {', '.join(lacking)}, which this machine does not have: they are "
                        f"not offered; install them, or mend their names in {settings.source}")
     write = sandbox.write_folders(settings)
+    if (unmade := sandbox.unmade_write_folders(folder.files, settings)) is not None:
+        logger.warning(unmade)
     filter_path = seccomp.for_agent(folder.state)
 
     def check() -> None:  # a kept sandbox file mended wrong (not `followed`) fails here first

@@ -373,3 +373,23 @@ def test_doctor_and_up_say_a_spec_without_a_run_table_sets_nothing(tmp_path, ser
     server.initialize()
     assert server.close() == 0
     assert said in server.stderr.decode(), server.stderr
+
+
+def test_a_write_folder_the_files_folder_lacks_is_said_by_doctor_and_up(tmp_path, servers):
+    # A third new user's trial: `write = ["dta"]` for "data" gave a new, empty writable folder, and nothing said so.
+    agent = tmp_path / "agent"
+    env = clean_env(HOME=str(tmp_path))
+    assert subprocess.run(SERVER + ["up", "--agent", str(agent)], env=env, capture_output=True, timeout=120,
+                          stdin=subprocess.DEVNULL).returncode == 0
+    (agent / "Files" / "data").mkdir()
+    kept = agent / "Config" / "sandbox.toml"
+    kept.write_text(kept.read_text().replace('write = []', 'write = ["data", "dta"]'))
+    said = f"[files] write names dta/, which the files folder {agent / 'Files'} lacks: each call makes it, empty"
+    server = servers(SERVER + ["up", "--agent", str(agent)], env=env)
+    server.initialize()
+    assert server.close() == 0
+    assert said in server.stderr.decode() and f"mend it in {kept}" in server.stderr.decode(), server.stderr
+    shutil.rmtree(agent / "Files" / "dta", ignore_errors=True)  # up's check of the sandbox may have made it, as calls do
+    done = subprocess.run(SERVER + ["doctor", "--agent", str(agent)], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert f"warn {said}" in done.stdout and "data/," not in done.stdout, done.stdout

@@ -400,3 +400,12 @@ def build(folder: agent_folder.AgentFolder, sandbox: SandboxFile, environ: Mappi
 def write_folders(sandbox: SandboxFile) -> tuple[str, ...]:
     """serve's --write: work/ and the [files] write entries."""
     return tuple(dict.fromkeys(("work",) + sandbox.write))
+
+
+def unmade_write_folders(files: str, sandbox: SandboxFile) -> str | None:
+    """The [files] write folders the files folder lacks, said (a call makes them, empty: a typo is a new folder); else None."""
+    unmade = [f"{name}/" for name in sandbox.write if not os.path.isdir(os.path.join(files, name))]
+    if not unmade:
+        return None
+    return (f"[files] write names {', '.join(unmade)}, which the files folder {files} lacks: each call makes "
+            f"{'it' if len(unmade) == 1 else 'them'}, empty; if a name is mistyped, mend it in {sandbox.source}")

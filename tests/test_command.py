@@ -445,3 +445,19 @@ def test_a_missing_or_bad_flag_is_named_in_one_line_and_exits_2(argv, words):
     assert completed.stdout == ""
     lines = completed.stderr.strip().split("\n")
     assert len(lines) == 1 and words in lines[0], completed.stderr
+
+
+def test_a_cut_tail_begins_at_a_line_where_one_starts_in_it(servers, files):
+    # A third new user's trial: with output 1K, `seq 1 2000` showed a tail that began "8\n1899", a piece of 1898.
+    server = servers(serve_argv(files, output="1K"))
+    server.initialize()
+    result = run(server, program="sh", args=["-c", "seq 1 2000"])
+    text = text_of(result)
+    tail = text.split(" bytes left out …]\n")[1]
+    assert tail.startswith("1899\n1900\n") and tail.endswith("2000\nerrors: none"), text
+    left_out = int(text.split("[… ")[1].split(" ")[0])
+    shown_tail = "".join(f"{i}\n" for i in range(1899, 2001))
+    assert left_out == result["structuredContent"]["output_bytes"] - 512 - len(shown_tail), text  # the piece too
+    # A tail that begins a line is shown whole: the byte before it ends a line.
+    exact = run(server, program="sh", args=["-c", "printf '%0511d\\n' 0 1 2"])  # three lines of 512 bytes
+    assert exact["structuredContent"]["output"].endswith("\n" + "0" * 510 + "2"), exact["structuredContent"]["output"]

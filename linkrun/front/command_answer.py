@@ -134,14 +134,14 @@ def _stream_text(label: str, capture: Capture, kept_id: str | None, cap: int) ->
 def _shown(capture: Capture, kept_id: str | None = None, cap: int = 0) -> str:
     """A stream's kept start and end as the text shows them, and the structured value too;
     where it was cut, the id of the stream kept past the answer."""
-    head, tail = capture.texts()
+    head, tail, left_out = capture.texts()
     parts = [head]
-    if capture.left_out:
+    if left_out:
         if kept_id is None:
-            parts += [f"[… {capture.left_out} bytes left out …]", tail]
+            parts += [f"[… {left_out} bytes left out …]", tail]
         else:
             which = "the whole stream" if capture.total <= cap else f"the stream's last {describe_size(cap)}"
-            parts += [f"[… {capture.left_out} bytes left out: read id={kept_id} has {which} …]", tail]
+            parts += [f"[… {left_out} bytes left out: read id={kept_id} has {which} …]", tail]
     # One final newline is the stream's own ending, not a line of its own.
     parts[-1] = parts[-1].removesuffix("\n")
     return "\n".join(parts)

@@ -15,13 +15,15 @@ if TYPE_CHECKING:
 
 
 class Capture:
-    """Keeps the first and last halves of `limit` bytes, and counts them all."""
+    """Keeps the first and last halves of `limit` bytes, and counts them all.
+    Its tail holds one byte more than it shows, once full: the byte before
+    the shown tail, which says whether that tail begins a line."""
 
     __slots__ = ("head", "tail", "total", "_head_room", "_tail_size")
 
     def __init__(self, limit: int):
         self._head_room = limit // 2
-        self._tail_size = limit - limit // 2
+        self._tail_size = limit - limit // 2 + 1
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
@@ -42,7 +44,7 @@ class Capture:
     @property
     def limit(self) -> int:
         """What it holds whole: past it, bytes are left out."""
-        return self._head_room + self._tail_size
+        return self._head_room + self._tail_size - 1
 
     @property
     def tail_size(self) -> int:
@@ -73,13 +75,24 @@ class Capture:
 
     @property
     def left_out(self) -> int:
-        return self.total - len(self.head) - len(self.tail)
+        return self.total - len(self.head) - len(self._shown_tail())
 
-    def texts(self) -> tuple[str, str]:
-        """(head, tail) as text; a character cut at a boundary is dropped, not mangled."""
-        if self.left_out == 0:
-            return decode(bytes(self.head + self.tail)), ""
-        return decode(utf8_head(self.head)), decode(utf8_tail(self.tail))
+    def _shown_tail(self) -> bytearray:
+        return self.tail[1:] if len(self.tail) == self._tail_size else self.tail
+
+    def texts(self) -> tuple[str, str, int]:
+        """(head, tail) as text, and the bytes left out between them. A
+        character cut at a boundary is dropped, not mangled; a tail that
+        begins mid-line begins at its first whole line, where one starts in it."""
+        tail = self._shown_tail()
+        left_out = self.total - len(self.head) - len(tail)
+        if left_out == 0:
+            return decode(bytes(self.head + tail)), "", 0
+        if len(tail) < len(self.tail) and self.tail[0] != 0x0A:  # the byte before it ends no line
+            line = tail.find(b"\n") + 1
+            if 0 < line < len(tail):
+                tail, left_out = tail[line:], left_out + line
+        return decode(utf8_head(self.head)), decode(utf8_tail(tail)), left_out
 
 
 class CaptureReader:

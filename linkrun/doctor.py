@@ -58,8 +58,10 @@ def checks(agent_root: str, sandbox_path: str | None, environ: Mapping[str, str]
     if settings is None:
         return
     yield from _spec_file(folder)
-    if os.path.isdir(folder.files) and (unmade := sandbox.unmade_write_folders(folder.files, settings)) is not None:
-        yield "warn", unmade, ""
+    if os.path.isdir(folder.files):
+        unmade = sandbox.unmade_write_folders(folder.files, settings)
+        # Once made (by a call, or by up's check of the sandbox), a mistyped name is an empty folder among them.
+        yield ("warn", unmade, "") if unmade else ("ok", sandbox.write_folders_said(folder.files, settings), "")
     host = yield from _host_checks(settings)
     if host is None:
         return

@@ -166,10 +166,12 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     fail with the reason, so every call that runs a program is refused with
     what is wrong and where, which the model reads and can tell the user.
     Before a person at a terminal, `up` ends with it, as before. The last
-    value: whether the kept files are followed (not: the defaults are)."""
+    value: whether the kept sandbox file is followed (not: the defaults'
+    are; a spec mended wrong leaves it followed, and serve's checks refuse
+    the calls all the same)."""
     sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
     settings = sandbox.load(sandbox_path) if sandbox_path else None
-    run = run_settings(read_toml(spec_path, "spec"), spec_path) if spec_path else None
+    run = _run_of(spec_path) if spec_path else None
 
     folder = agent_folder.create(flags.get("--agent") or agent_folder.default_root(environ))
     followed = True
@@ -187,15 +189,20 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
         try:
-            spec = read_toml(folder.spec_file, "spec")
-            run = run_settings(spec, folder.spec_file)
-            if (missing := no_run_table(spec, folder.spec_file)) is not None:
-                logger.warning(str(missing))
+            run = _run_of(folder.spec_file)
         except LinkRunError as problem:  # as the sandbox file's: said in the calls' answers (setup.py)
             _say_served(problem)
-            followed = False
     assert settings is not None
     return folder, settings, run if run is not None else run_settings({}, "the embedded defaults"), followed
+
+
+def _run_of(path: str) -> dict[str, str]:
+    """A spec's serve flag values; one without [tool.run] is said to set none."""
+    spec = read_toml(path, "spec")
+    run = run_settings(spec, path)
+    if (missing := no_run_table(spec, path)) is not None:
+        logger.warning(str(missing))
+    return run
 
 
 def _say_served(problem: LinkRunError) -> None:

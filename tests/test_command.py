@@ -459,5 +459,9 @@ def test_a_cut_tail_begins_at_a_line_where_one_starts_in_it(servers, files):
     shown_tail = "".join(f"{i}\n" for i in range(1899, 2001))
     assert left_out == result["structuredContent"]["output_bytes"] - 512 - len(shown_tail), text  # the piece too
     # A tail that begins a line is shown whole: the byte before it ends a line.
-    exact = run(server, program="sh", args=["-c", "printf '%0511d\\n' 0 1 2"])  # three lines of 512 bytes
-    assert exact["structuredContent"]["output"].endswith("\n" + "0" * 510 + "2"), exact["structuredContent"]["output"]
+    exact = run(server, program="sh", args=["-c", "printf '%063d\\n' $(seq 0 23)"])  # 24 lines of 64 bytes
+    shown = exact["structuredContent"]["output"].split(" bytes left out …]\n")[1]
+    assert shown == "\n".join(f"{i:063d}" for i in range(16, 24)), shown
+    # A piece longer than a quarter of the tail is shown: most of the tail is not given up for a line's start.
+    long = run(server, program="sh", args=["-c", "head -c 5000 /dev/zero | tr '\\0' x; echo; echo done"])
+    assert long["structuredContent"]["output"].endswith("x" * 100 + "\ndone"), long["structuredContent"]["output"]

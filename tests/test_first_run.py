@@ -223,10 +223,14 @@ def test_stop_and_remove_take_the_agents_folder_as_up_does_and_given_neither_nam
     assert "--agent <folder>" in neither.stderr and "--state <dir>" in neither.stderr, neither.stderr
     # A new user's trial: stop needed --agent even for the agent up and doctor take by default.
     nothing = run("stop")  # no default agent made yet: nothing of it runs
-    assert nothing.returncode == 0 and "no state folder: no background command runs" in nothing.stderr, nothing.stderr
+    default = folder / "data" / "linkrun" / "agents" / "main"
+    assert nothing.returncode == 0, nothing.stderr
+    assert f"no state folder in the default agent's folder {default}: no background command of it runs" in \
+        nothing.stderr and "--agent names another agent" in nothing.stderr, nothing.stderr
     assert run("up", "--no-way-in").returncode == 0  # the default agent
     by_default = run("stop")
-    assert by_default.returncode == 0 and "stopped 0 background command(s)" in by_default.stderr, by_default.stderr
+    assert by_default.returncode == 0, by_default.stderr
+    assert f"stopped 0 background command(s) of {default};" in by_default.stderr, by_default.stderr
     for command in ("stop", "remove"):
         both = run(command, "--agent", str(agent), "--state", str(agent / "State"))
         assert both.returncode == 2 and "give one" in both.stderr, both.stderr
@@ -275,7 +279,8 @@ def test_remove_beside_a_running_serve_says_what_it_removed_and_that_serve_says_
              timeout=30, what="the background command to run")
     done = run_as_owner(up_as, request, "remove", "--agent", str(up_as.agent))
     assert done.returncode == 0, done.stderr
-    assert f"removed {up_as.state}: stopped 1 background command(s), removed 1 record(s)" in done.stderr, done.stderr
+    assert f"removed {up_as.state}: stopped 1 background command(s), removed the records of 1 with their output" \
+        in done.stderr, done.stderr
     assert not up_as.state.exists()
     # The first call makes its kept output's folder again (State/kept/): each call still says the state is gone.
     for name, arguments in (("command", {"program": "sh", "args": ["-c", "echo hi"]}),
@@ -373,6 +378,12 @@ def test_doctor_and_up_say_a_spec_without_a_run_table_sets_nothing(tmp_path, ser
     server.initialize()
     assert server.close() == 0
     assert said in server.stderr.decode(), server.stderr
+    given = tmp_path / "spec.toml"  # and a spec given to up, as a new user first gives one
+    given.write_text("[run]\ntimeout = 30\n")
+    server = servers(SERVER + ["up", "--agent", str(agent), "--spec", str(given)], env=env)
+    server.initialize()
+    assert server.close() == 0
+    assert f"the spec {given} has no [tool.run] table" in server.stderr.decode(), server.stderr
 
 
 def test_a_write_folder_the_files_folder_lacks_is_said_by_doctor_and_up(tmp_path, servers):
@@ -389,7 +400,15 @@ def test_a_write_folder_the_files_folder_lacks_is_said_by_doctor_and_up(tmp_path
     server.initialize()
     assert server.close() == 0
     assert said in server.stderr.decode() and f"mend it in {kept}" in server.stderr.decode(), server.stderr
-    shutil.rmtree(agent / "Files" / "dta", ignore_errors=True)  # up's check of the sandbox may have made it, as calls do
+    # up's check of the sandbox makes it, as each call does (and doctor's): then doctor names it among the folders, empty.
+    server = servers(SERVER + ["up", "--agent", str(agent)], env=env)
+    server.initialize()
+    server.call("command", {"program": "sh", "args": ["-c", "touch data/x"]})
+    assert server.close() == 0
+    done = subprocess.run(SERVER + ["doctor", "--agent", str(agent)], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert "the folders calls may write: work/ (empty), data/, dta/ (empty)" in done.stdout, done.stdout
+    shutil.rmtree(agent / "Files" / "dta")
     done = subprocess.run(SERVER + ["doctor", "--agent", str(agent)], env=env, capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert f"warn {said}" in done.stdout and "data/," not in done.stdout, done.stdout

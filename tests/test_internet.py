@@ -359,6 +359,9 @@ def test_without_hosts_a_name_not_looked_up_is_said_to_be_the_sandboxs_no_intern
     assert f"allow hosts in [internet] hosts of {box.root / 'Config' / 'sandbox.toml'}, then start" in text_of(result)
     quiet = server.call("command", {"program": "sh", "args": ["-c", "echo fine; exit 3"]})
     assert "internet" not in text_of(quiet) and "notes" not in quiet["structuredContent"], quiet
+    # A call that succeeded may print the words (a grep of a log): nothing failed, nothing to say.
+    grep = server.call("command", {"program": "sh", "args": ["-c", "echo 'curl: (6) Could not resolve host: x'"]})
+    assert "notes" not in grep["structuredContent"], grep
     assert server.close() == 0
 
 

@@ -336,7 +336,7 @@ def test_a_write_past_the_largest_file_is_named_as_the_file_limit_in_each_answer
     # A new user's trial: `dd` past `[limits] file` ended with exit 153 and `limit: null`, and Python's
     # "File too large" with nothing at all: a structured-first model saw an exit and no reason.
     up = as_user('file = "1M"')
-    note = "[it reached the largest file it may write of 1M ([limits] file in the sandbox file)"
+    note = "[it reached the largest file it may write (1M, the sandbox file's [limits] file)"
     for program, args in (("sh", ["-c", "head -c 2000000 /dev/zero > work/big"]),
                           ("python3", ["-c", "open('work/big', 'wb').write(bytes(2000000))"])):
         result = up.server.call("command", {"program": program, "args": args})
@@ -347,6 +347,9 @@ def test_a_write_past_the_largest_file_is_named_as_the_file_limit_in_each_answer
         "-c", "head -c 2000000 /dev/zero > work/big"]})) and "was killed by SIGXFSZ" in text_of(result), text_of(result)
     fits = up.server.call("command", {"program": "sh", "args": ["-c", "head -c 1000 /dev/zero > work/small; exit 3"]})
     assert fits["structuredContent"]["limit"] is None, text_of(fits)
+    # An upload server's own words for its own limit are no sign of this one.
+    upload = up.server.call("command", {"program": "sh", "args": ["-c", "echo 'MulterError: File too large' >&2; exit 1"]})
+    assert upload["structuredContent"]["limit"] is None, text_of(upload)
 
     big = up.start("sh", "-c", "head -c 2000000 /dev/zero > work/big")
     up.wait_ended(big)

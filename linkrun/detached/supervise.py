@@ -319,7 +319,8 @@ class Supervisor:
         os.close(gate.out_r)
         from ..sandboxing.fallback import bitten_at_end  # limits no cgroup holds: signs in the output's end
 
-        by_rlimit = bitten_at_end(launch.holding, watch.exit, watch.signal, output.last)
+        # A command stopped or timed out did not end by a limit, whatever its output's end says.
+        by_rlimit = bitten_at_end(launch.holding, watch.exit, watch.signal, output.last) if watch.ending is None else None
         output.finish()
         if self.teller is not None:
             self.teller.finish()

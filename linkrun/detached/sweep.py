@@ -348,14 +348,16 @@ def stop_all(state: str, reason: str) -> list[str]:
 AGENT_PARTS = ("Files", "Config", "Agent", "State")  # an agent's folder holds them; a state folder never does
 
 
-def _state_folder(argv: list[str], command: str) -> str | None:
+def _state_folder(argv: list[str], command: str) -> tuple[str | None, str]:
     """The state folder of --agent (its State/, as `up` finds it) or --state,
-    checked before anything is stopped or removed; None: not made yet."""
+    checked before anything is stopped or removed, None when not made yet;
+    and the folder looked at, for what is said."""
     flags, _ = split_flags(argv, {"--agent", "--state"}, set(), set())
     if "--agent" in flags and "--state" in flags:
         raise UsageError(f"{command} takes --agent or --state, not both", "give one")
     if "--state" in flags:
-        return _checked_state(os.path.abspath(str(flags["--state"])), command)
+        state = os.path.abspath(str(flags["--state"]))
+        return _checked_state(state, command), state
     if "--agent" not in flags and command == "remove":  # it deletes: the agent is named, never assumed
         raise UsageError(f"{command} needs the agent it deletes the state of: --agent <folder> (the folder up was "
                          "given) or --state <dir> (its state folder)")
@@ -363,7 +365,7 @@ def _state_folder(argv: list[str], command: str) -> str | None:
     given = str(flags["--agent"]) if "--agent" in flags else agent_folder.default_root(os.environ)
     folder = agent_folder.locate(given)
     if "--agent" not in flags and not os.path.isdir(folder.root):
-        return None  # no default agent yet: nothing of it runs
+        return None, f"the default agent's folder {folder.root}"  # not made yet: nothing of it runs
     if not os.path.isdir(folder.root):
         raise LinkRunError(f"--agent {folder.root}: no such folder", "give the agent's folder, as up was given it")
     if not any(os.path.isdir(os.path.join(folder.root, part)) for part in AGENT_PARTS):
@@ -371,7 +373,7 @@ def _state_folder(argv: list[str], command: str) -> str | None:
         raise LinkRunError(f"{folder.root} is not an agent's folder (it holds no Files/, Config/, Agent/ or State/)",
                            f"give the folder up was given: {typed(command)} --agent {os.path.dirname(folder.root)}"
                            if os.path.basename(folder.root) == "State" else "give the folder up was given as --agent")
-    return folder.state if os.path.isdir(folder.state) else None
+    return (folder.state if os.path.isdir(folder.state) else None), folder.root
 
 
 def _checked_state(state: str, command: str) -> str | None:
@@ -393,18 +395,18 @@ def _checked_state(state: str, command: str) -> str | None:
 
 
 def main_stop(argv: list[str]) -> int:
-    state = _state_folder(argv, "stop")
+    state, where = _state_folder(argv, "stop")
     if state is None:
-        logger.info("no state folder: no background command runs")
+        logger.info(f"no state folder in {where}: no background command of it runs (--agent names another agent)")
         return 0
     stopped = stop_all(state, records.AGENT_STOPPING)
-    logger.info(f"stopped {len(stopped)} background command(s); they are lost, and with a way in told so when "
-                "the agent is back")
+    logger.info(f"stopped {len(stopped)} background command(s) of {where}; they are lost, and with a way in told "
+                "so when the agent is back")
     return 0
 
 
 def main_remove(argv: list[str]) -> int:
-    state = _state_folder(argv, "remove")
+    state, _ = _state_folder(argv, "remove")
     if state is None:
         logger.info("no state folder: removed already, or never made")
         return 0
@@ -414,21 +416,23 @@ def main_remove(argv: list[str]) -> int:
     # As the agent stopping: they end lost and untold, and no supervisor
     # lingers telling an agent that is going away.
     stopped = stop_all(state, records.AGENT_STOPPING)
-    removed = 0
-    for command_id in records.ids(state):
+    commands = records.ids(state)
+    for command_id in commands:
         fd = records.try_lock(state, command_id)
         if fd is None:
-            continue
+            continue  # its supervisor still ends: its files go with the folder
         try:
             record = records.load(state, command_id)
             if record:
                 remove_files(state, record)
-                removed += 1
         finally:
             os.close(fd)
     shutil.rmtree(state, ignore_errors=True)
+    if os.path.exists(state):
+        raise LinkRunError(f"{state} could not be removed whole: {', '.join(sorted(os.listdir(state))[:5])} "
+                           "remain", "remove them by hand, or run remove again")
     # A serve of this agent that still runs answers its next calls that its state folder is gone.
-    logger.info(f"removed {state}: stopped {len(stopped)} background command(s), removed {removed} record(s) "
-                "with their output; a server of this agent that still runs refuses its calls until it is "
-                "started again")
+    logger.info(f"removed {state}: stopped {len(stopped)} background command(s), removed the records of "
+                f"{len(commands)} with their output; a server of this agent that still runs refuses its calls "
+                "until it is started again")
     return 0

@@ -87,8 +87,9 @@ def command_structured(outcome: Outcome, held: Holding | None = None,
 
 
 def lookup_note(outcome: Outcome, through_proxy: bool, sandbox_file: str) -> str | None:
-    """Why a host's name could not be looked up, when the output says it could not; else None."""
-    if not _kept_says(outcome, LOOKUP_FAILED):
+    """Why a host's name could not be looked up, when a failed call's output says it could not; else None
+    (a call that succeeded may well print the words: a grep of a log)."""
+    if (outcome.exit == 0 and outcome.signal is None) or outcome.no_internet or not _captured_says(outcome, LOOKUP_FAILED):
         return None
     if through_proxy:
         return ("[this call reaches the internet only through the agent's proxy, which its HTTPS_PROXY and "
@@ -102,15 +103,15 @@ LOOKUP_FAILED = (b"Temporary failure in name resolution", b"Could not resolve ho
                  b"Name or service not known", b": no such host")
 
 
-def _kept_says(outcome: Outcome, needles: tuple[bytes, ...]) -> bool:
-    # Only the kept bytes are looked at: cheap, and enough for a hint.
+def _captured_says(outcome: Outcome, needles: tuple[bytes, ...]) -> bool:
+    # Only the start and end the answer holds are looked at: cheap, and enough for a hint.
     return any(needle in part for capture in (outcome.errors, outcome.output) for part in (capture.head, capture.tail)
                for needle in needles)
 
 
 def _refused_write(outcome: Outcome) -> bool:
     # EROFS is what a write to a read-only bind fails with; programs print its strerror.
-    return _kept_says(outcome, (b"Read-only file system",))
+    return _captured_says(outcome, (b"Read-only file system",))
 
 
 def _ending(outcome: Outcome, timeout: float, can_start: bool, longest: float) -> str:
@@ -174,9 +175,10 @@ def limits_sentence(held: Holding, background_timeout: int | None = None) -> str
 def limit_text(limit: str, held: Holding | None, fixed: tuple[str, ...] = ()) -> str:
     """The limit that bit, in words, for a call's answer; `fixed`: the sandbox's command, which sets the largest file."""
     if limit == "file":
-        size = next((f" of {describe_size(int(flag[8:]))}" for flag in fixed
+        # The size the sandbox's prlimit sets: [limits] file, or this machine's own hard limit where lower.
+        size = next((f"{describe_size(int(flag[8:]))}, " for flag in fixed
                      if flag.startswith("--fsize=") and flag[8:].isdigit()), "")
-        return (f"[it reached the largest file it may write{size} ([limits] file in the sandbox file): the kernel "
+        return (f"[it reached the largest file it may write ({size}the sandbox file's [limits] file): the kernel "
                 "refused a write past it, or ended the program with SIGXFSZ]")
     by_rlimit = held is not None and limit in held.by_rlimit
     if limit == "cpu":

@@ -75,6 +75,7 @@ class Capture:
 
     @property
     def left_out(self) -> int:
+        """The bytes between head and tail; `texts` may leave out a line's piece more."""
         return self.total - len(self.head) - len(self._shown_tail())
 
     def _shown_tail(self) -> bytearray:
@@ -89,7 +90,7 @@ class Capture:
         if left_out == 0:
             return decode(bytes(self.head + tail)), "", 0
         if len(tail) < len(self.tail) and self.tail[0] != 0x0A:  # the byte before it ends no line
-            line = tail.find(b"\n") + 1
+            line = tail.find(b"\n", 0, len(tail) // 4) + 1  # a piece of at most a quarter of it
             if 0 < line < len(tail):
                 tail, left_out = tail[line:], left_out + line
         return decode(utf8_head(self.head)), decode(utf8_tail(tail)), left_out
@@ -148,7 +149,9 @@ class CaptureReader:
         keeper = self.keeper
         if keeper is not None and keeper.pumped:
             capture = self.capture
-            capture.set_tail(keeper.last(max(len(capture.head), capture.total - capture.tail_size)))
+            # Within the ring, which may hold less than the tail where keep_output is below output.
+            capture.set_tail(keeper.last(max(len(capture.head), capture.total - capture.tail_size,
+                                             keeper.written - keeper.cap)))
             keeper.pumped = False
 
     def close(self) -> None:

@@ -79,7 +79,7 @@ class Outcome:
     errors: Capture
     cancelled: bool = False
     pid: int = 0  # the sandbox's, for telling this call's proxy refusals from another's
-    limit: str | None = None  # "memory", "tasks" or "cpu" when that limit bit (its cgroup's, or an rlimit's), else None
+    limit: str | None = None  # "memory", "tasks", "cpu" or "file" when that limit bit (a cgroup's, an rlimit's), else None
     # Set by serve's owner of calls (calls/caller.py), for the answer's notes:
     git_notes: list[str] = field(default_factory=list)  # what the git check set aside (gitcheck.py)
     no_internet: str | None = None  # why the call had no internet, when it had none
@@ -199,7 +199,9 @@ class Runner:
             outcome = self._watch(request, leader, leader.process, started, cancel, output_limit, later, progress,
                                   launch, keepers)
             outcome.limit = group.limit_hit() if group is not None else None
-            if outcome.limit is None and (outcome.exit != 0 or outcome.signal is not None):
+            # A call its timeout or a cancel ended did not end by a limit, whatever its errors say.
+            failed = (outcome.exit != 0 or outcome.signal is not None) and not outcome.timed_out and not outcome.cancelled
+            if outcome.limit is None and failed:
                 # The limits no cgroup holds here, and the largest file, rlimits all: signs in the end and errors.
                 from ..sandboxing.fallback import bitten
 

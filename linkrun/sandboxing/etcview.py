@@ -187,6 +187,27 @@ def _make_current(state: str, etc: str, lock: int) -> None:  # under ETC_LOCK, `
     _remove_old(state)
 
 
+# Each state folder as this process first found it: one made again since (by a call's kept output, after
+# `remove`) is not the agent's, and no view is rebuilt into it.
+_STATES: dict[str, tuple[int, int] | None] = {}
+
+
+def same_state(link: str) -> None:
+    """Raises LinkRunError, saying to start the agent again, when the state
+    folder of the view `link` is gone, or is another than this process first
+    found: `remove` beside a running serve, where "try again" never mends it."""
+    state = os.path.dirname(link)
+    try:
+        info = os.stat(state)
+        now: tuple[int, int] | None = (info.st_dev, info.st_ino)
+    except FileNotFoundError:
+        now = None
+    if now is None or _STATES.setdefault(state, now) != now:
+        raise LinkRunError(f"the agent's state folder {state} is gone: `lnk-link-run remove` removed it, or it "
+                           "was deleted", "start the agent again (in most clients, restart its server): up "
+                           "makes it afresh")
+
+
 def refresh(link: str, watch: Heard | None = None) -> None:
     """Before a launch: rebuild the view when the host's entries changed
     since it was made. With a `watch` that runs, when it heard a change no
@@ -194,6 +215,7 @@ def refresh(link: str, watch: Heard | None = None) -> None:
     another looks or copies waits for it, and binds the view that shows the
     change. Without one, at most once every CHECK_EVERY seconds. A failed
     rebuild keeps the current view and says why on stderr; the next tries again."""
+    same_state(link)
     state, watched = os.path.dirname(link), watch if watch is not None and watch.watching else None
     lock = os.path.join(state, ETC_LOCK)
     if (watched.shown == watched.heard) if watched else _looked_lately(lock):
@@ -237,16 +259,7 @@ def pin(link: str) -> int:
     """A descriptor of the current view, holding it (a shared flock) until
     closed: bound by bwrap, it is never removed under the sandbox."""
     for _ in range(16):
-        try:
-            fd = os.open(link, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            state = os.path.dirname(link)
-            if os.path.isdir(os.path.join(state, ETC_VIEWS)):
-                raise
-            # `remove` beside a running serve: said, where "try again" would never mend it.
-            raise LinkRunError(f"the agent's state folder {state} is gone: `lnk-link-run remove` removed it, or it "
-                               "was deleted", "start the agent again (in most clients, restart its server): up "
-                               "makes it afresh") from None
+        fd = os.open(link, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a remover takes it apart
         held = os.fstat(fd)
         try:

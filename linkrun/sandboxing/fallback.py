@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import resource
 import signal
 from collections.abc import Callable
@@ -61,8 +62,11 @@ _SIGNS = {
     "tasks": (b"Resource temporarily unavailable", b"Cannot fork", b"can't fork", b"fork: retry",
               b"can't start new thread", b"unable to create native thread", b"failed to spawn thread"),
 }
-# A write past the largest file a program may write: EFBIG's strerror (Python ignores SIGXFSZ), a shell's word for SIGXFSZ.
-FILE_SIGNS = (b"File too large", b"File size limit exceeded")
+# A write past the largest file a program may write, in the words of whoever failed it: EFBIG as Python says it
+# (it ignores SIGXFSZ), as Node says it, as the C tools say a write failed with it; a shell's report of SIGXFSZ.
+# Not "File too large" alone: an upload server says it of its own limit (multer's LIMIT_FILE_SIZE).
+FILE_SIGNS = re.compile(rb"\[Errno 27\] File too large|EFBIG|(?:write error|error writing)[^\n]*: File too large"
+                        rb"|File size limit exceeded")
 SIGNS_IN = 16384  # bytes of a background command's output's end looked into
 
 _RESOURCES = {"memory": resource.RLIMIT_DATA, "tasks": resource.RLIMIT_NPROC}
@@ -181,7 +185,7 @@ def bitten(held: Holding | None, exit_status: int | None, signal_number: int | N
         return "cpu"
     if exit_status == 0 and signal_number is None:
         return None
-    if any(sign in errors for sign in FILE_SIGNS):
+    if FILE_SIGNS.search(errors):
         return "file"
     for name in ("memory", "tasks"):
         if name in by_rlimit and any(sign in errors for sign in _SIGNS[name]):

@@ -402,6 +402,15 @@ def write_folders(sandbox: SandboxFile) -> tuple[str, ...]:
     return tuple(dict.fromkeys(("work",) + sandbox.write))
 
 
+def write_folders_said(files: str, sandbox: SandboxFile) -> str:
+    """The folders calls may write, each empty one said so: a mistyped name shows there once a call made it."""
+    def said(name: str) -> str:
+        path = os.path.join(files, name)
+        return f"{name}/ (empty)" if os.path.isdir(path) and not os.listdir(path) else f"{name}/"
+
+    return "the folders calls may write: " + ", ".join(said(name) for name in write_folders(sandbox))
+
+
 def unmade_write_folders(files: str, sandbox: SandboxFile) -> str | None:
     """The [files] write folders the files folder lacks, said (a call makes them, empty: a typo is a new folder); else None."""
     unmade = [f"{name}/" for name in sandbox.write if not os.path.isdir(os.path.join(files, name))]

@@ -399,7 +399,7 @@ def now() -> float:
 
 
 # The signal a limit ends a program with (its name, its number): SIGXCPU at its
-# CPU time, the out-of-memory killer's SIGKILL.
+# CPU time, the out-of-memory killer's SIGKILL, SIGXFSZ past the largest file.
 LIMIT_SIGNALS = {"cpu": ("SIGXCPU", 24), "memory": ("SIGKILL", 9), "file": ("SIGXFSZ", 25)}
 
 

@@ -149,9 +149,9 @@ class CaptureReader:
         keeper = self.keeper
         if keeper is not None and keeper.pumped:
             capture = self.capture
-            # Within the ring, which may hold less than the tail where keep_output is below output.
-            capture.set_tail(keeper.last(max(len(capture.head), capture.total - capture.tail_size,
-                                             keeper.written - keeper.cap)))
+            # The pump runs only where the ring holds the whole limit, so the tail and the byte before it too
+            # (but at --output 1, whose one byte is never cut for a line).
+            capture.set_tail(keeper.last(max(len(capture.head), capture.total - capture.tail_size)))
             keeper.pumped = False
 
     def close(self) -> None:

@@ -121,7 +121,8 @@ def _first_output(background: Background, chunk: ReadChunk, before: int, began: 
     command_id, deadline, reported = chunk.record["id"], began + wait, None
     while not (chunk.data or chunk.ended) and (now := time.monotonic()) < deadline:
         if program_input.waiting_for_input(background.state, chunk.record):
-            break
+            # The look moved what it printed before it went to wait into the file, after `chunk` was read.
+            return background.read({"id": command_id, "offset": before}, meta, 0)
         if report is not None and (reported is None or now - reported >= PROGRESS_EVERY):
             report(round(now - began, 1), wait)
             reported = now

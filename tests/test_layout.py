@@ -187,6 +187,7 @@ MODULE_STATE = {
     "sandboxing.cgroups._in_leaf": "this process moved into its v2 leaf, once",
     "sandboxing.cgroups._swept": "a folder's orphan groups ended once a process",
     "sandboxing.etcview._prints": "a view's print, never changed once written",
+    "sandboxing.etcview._STATES": "each state folder as this process first found it: one made again is not the agent's",
     "sandboxing.gitcheck._TEXTS": "a git config's text by its path and identity",
     "sandboxing.gitcheck._HOOKS_PATHS": "a config text's hooksPath, parsed once by git",
     "sandboxing.gitconfig._FIXED_VALUE": "whether git takes --fixed-value, asked once",

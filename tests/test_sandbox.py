@@ -65,9 +65,27 @@ def test_internet_hosts_are_names_wildcards_and_ports_or_star():
     # A third new user's trial: the refusal gave the right form, and never said what was wrong.
     for bad, why in (("https://pypi.org", "with a scheme: a host is its name alone"),
                      ("pypi.org/simple", "with a path: a host is its name alone"),
-                     ("pypi.org:99999", "whose port 99999 is not one (1 to 65535)")):
+                     ("pypi.org:99999", "whose port 99999 is not one (1 to 65535)"),
+                     ("*:80", "a port for *, which admits 80 and 443 alone")):
         with pytest.raises(LinkRunError, match=re.escape(f"[internet] hosts has {bad!r}, {why}")):
             sandbox.parse({"internet": {"hosts": [bad]}}, "f")
+
+
+def test_every_mistake_of_a_sandbox_file_is_said_at_once():
+    # Two trials: a file with two mistakes was refused for one, mended, then refused for the next.
+    data = {"limits": {"memory": "4 GB", "tmp": "lots"}, "internet": {"hosts": "pypi.org"}, "bogus": {},
+            "files": {"wirte": ["data"]}}
+    with pytest.raises(LinkRunError) as refused:
+        sandbox.parse(data, "f")
+    message = refused.value.message
+    assert message.startswith("f has 5 mistakes: "), message
+    for said in ("unknown section [bogus]", "unknown key 'wirte' in [files]", "[internet] hosts is not a list",
+                 "[limits] tmp 'lots' is not a size", "[limits] memory '4 GB' is not a size"):
+        assert said in message, message
+    assert refused.value.hint == "mend each"
+    with pytest.raises(LinkRunError) as alone:  # one alone, as it was
+        sandbox.parse({"bogus": {}}, "f")
+    assert alone.value.message == "f: unknown section [bogus]", alone.value.message
 
 
 def test_a_section_left_out_takes_the_embedded_default():

@@ -16,8 +16,8 @@ import os
 import re
 import resource
 import tomllib
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 from .. import agent as agent_folder
 from . import etcview
@@ -58,6 +58,7 @@ class SandboxFile(NamedTuple):
     cpu: int | None = None  # per call, in percent of one core; None: every core but the spare ones
 
 
+T = TypeVar("T")
 KEYS = {"commands": {"allow"}, "files": {"write"}, "internet": {"hosts"}, "limits": {"tmp", "file", "memory", "tasks", "cpu"}}
 
 
@@ -65,43 +66,79 @@ def parse(data: Mapping[str, Any], source: str) -> SandboxFile:
     """A parsed TOML table → SandboxFile. A section left out takes the
     embedded default (so a file with only `[files]` keeps the default
     commands); an unknown section or key is refused, as a typo would
-    otherwise silently grant or refuse something."""
+    otherwise silently grant or refuse something. Every mistake is said at
+    once, so that one mending does (TOML that does not parse stops first)."""
     base = defaults()["sandbox"]
+    problems: list[LinkRunError] = []
+
+    def checked(check: Callable[[], T], instead: T) -> T:
+        try:
+            return check()
+        except LinkRunError as problem:
+            problems.append(problem)
+            return instead
+
     for section, table in data.items():
         if section not in KEYS or not isinstance(table, Mapping):
-            raise LinkRunError(f"{source}: unknown section [{section}]",
-                               "a sandbox file has [commands], [files], [internet] and [limits]")
-        for key in table:
-            if key not in KEYS[section]:
-                raise LinkRunError(f"{source}: unknown key {key!r} in [{section}]",
-                                   f"[{section}] takes {', '.join(sorted(KEYS[section]))}")
+            problems.append(LinkRunError(f"{source}: unknown section [{section}]",
+                                         "a sandbox file has [commands], [files], [internet] and [limits]"))
+            continue
+        problems += [LinkRunError(f"{source}: unknown key {key!r} in [{section}]",
+                                  f"[{section}] takes {', '.join(sorted(KEYS[section]))}")
+                     for key in table if key not in KEYS[section]]
 
     def value(section: str, key: str) -> object:
-        return data.get(section, {}).get(key, base[section][key])
+        return _table(data, section).get(key, base[section][key])
 
-    allow = _strings(value("commands", "allow"), source, "[commands] allow")
+    settings = SandboxFile(
+        allow=checked(lambda: _programs(_strings(value("commands", "allow"), source, "[commands] allow"), source), ()),
+        write=checked(lambda: check_write(_strings(value("files", "write"), source, "[files] write"), source), ()),
+        hosts=checked(lambda: _hosts(_strings(value("internet", "hosts"), source, "[internet] hosts"), source), ()),
+        tmp_size=checked(lambda: _size(value("limits", "tmp"), source, "[limits] tmp"), 0),
+        file_size=checked(lambda: _size(value("limits", "file"), source, "[limits] file"), 0),
+        source=source,
+        memory=checked(lambda: _memory(value("limits", "memory"), source), ""),
+        tasks=checked(lambda: _tasks(value("limits", "tasks"), source), 0),
+        cpu=checked(lambda: _cpu(_table(data, "limits").get("cpu", base["limits"].get("cpu")), source), None),
+    )
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        said = "; and ".join(f"{p.message.removeprefix(source + ': ')} ({p.hint})" if p.hint else
+                             p.message.removeprefix(source + ": ") for p in problems)
+        raise LinkRunError(f"{source} has {len(problems)} mistakes: {said}", "mend each")
+    return settings
+
+
+def _table(data: Mapping[str, Any], section: str) -> Mapping[str, Any]:
+    """A section as given, or none (one that is no table is said by parse)."""
+    table = data.get(section, {})
+    return table if isinstance(table, Mapping) else {}
+
+
+def _programs(allow: tuple[str, ...], source: str) -> tuple[str, ...]:
     for program in allow:
         if program != "*" and ("/" in program and not program.startswith("/")
                                or any(c in program for c in "=\0\n") or not program):
             raise LinkRunError(f"{source}: [commands] allow has {program!r}",
                                "name a program (sh), give its absolute path (/opt/x/bin/y), or *")
-    hosts = _strings(value("internet", "hosts"), source, "[internet] hosts")
+    return allow
+
+
+def _hosts(hosts: tuple[str, ...], source: str) -> tuple[str, ...]:
     for host in hosts:
         match = re.fullmatch(r"(\*|(\*\.)?[A-Za-z0-9.-]+)(:(\d{1,5}))?", host)
         if not match or match[4] and not 0 < int(match[4]) < 65536 or match[1] == "*" and match[3]:
-            raise LinkRunError(f"{source}: [internet] hosts has {host!r}{_host_mistake(host)}",
+            port = host.rpartition(":")[2]  # where a new user's mistake shows: a scheme, a path, a port
+            why = (", with a scheme: a host is its name alone" if "://" in host else
+                   ", with a path: a host is its name alone" if "/" in host else
+                   ", a port for *, which admits 80 and 443 alone" if host.startswith("*:") else
+                   ", an IPv6 address, which cannot be named" if "[" in host or host.count(":") > 1 else
+                   f", whose port {port} is not one (1 to 65535)" if port.isdigit() and not 0 < int(port) < 65536
+                   else "")
+            raise LinkRunError(f"{source}: [internet] hosts has {host!r}{why}",
                                'write example.org, *.example.net, example.com:8443 or "*"')
-    return SandboxFile(
-        allow=allow,
-        write=check_write(_strings(value("files", "write"), source, "[files] write"), source),
-        hosts=hosts,
-        tmp_size=_size(value("limits", "tmp"), source, "[limits] tmp"),
-        file_size=_size(value("limits", "file"), source, "[limits] file"),
-        source=source,
-        memory=_memory(value("limits", "memory"), source),
-        tasks=_tasks(value("limits", "tasks"), source),
-        cpu=_cpu(data.get("limits", {}).get("cpu", base["limits"].get("cpu")), source),
-    )
+    return hosts
 
 
 MIN_TASKS = 16  # the sandbox itself takes a few: the joining shell, bwrap, its init
@@ -279,18 +316,6 @@ def programs(allow: Sequence[str], host: Host, folder: agent_folder.AgentFolder)
         else:
             kept.append(program)
     return ProgramsHere(tuple(kept), tuple(missing), tuple(hidden), tuple(folders))
-
-
-def _host_mistake(host: str) -> str:
-    """What is wrong with a host entry, where a new user's mistake shows: a scheme, a path, a port out of range."""
-    if "://" in host:
-        return ", with a scheme: a host is its name alone"
-    if "/" in host:
-        return ", with a path: a host is its name alone"
-    port = host.rpartition(":")[2] if ":" in host else ""
-    if port.isdigit() and not 0 < int(port) < 65536:
-        return f", whose port {port} is not one (1 to 65535)"
-    return ""
 
 
 def environment(folder: agent_folder.AgentFolder, internet: bool = False) -> list[tuple[str, str]]:

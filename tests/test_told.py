@@ -70,6 +70,28 @@ def test_a_missing_key_is_said_on_serves_start_not_only_at_the_first_end(servers
     assert "ends of background commands cannot be told" in said and "give the right --keyring" in said, said
 
 
+def test_a_start_without_the_agents_key_says_so_and_its_end_is_told_once_the_key_is_there(
+        servers, files, state, keyring, tmp_path, ways_in):
+    # A fourth new user's trial: start promised a message, the record was given up at once for the missing
+    # key, and serve's "until it is mended" never came true: the key written, no message ever arrived.
+    way_in = ways_in()
+    later = tmp_path / "later"
+    later.mkdir(mode=0o700)
+    server = servers(told_argv(files, state, later, way_in.address))
+    server.initialize()
+    result = server.call("start", {"program": "sh", "args": ["-c", "echo x"]}, meta=META)
+    command_id = result["structuredContent"]["id"]
+    note = f"[nothing tells this conversation yet: the agent's key {later / (AGENT + '.key')} is missing"
+    assert note in text_of(result) and any(note in n for n in result["structuredContent"]["notes"]), text_of(result)
+    wait_record(state, command_id, lambda r: r["state"] == "exited" and r.get("first_try") is not None, "a first try")
+    assert records.load(str(state), command_id)["told"] != "given up"
+    (later / f"{AGENT}.key").write_bytes((keyring / f"{AGENT}.key").read_bytes())
+    (later / f"{AGENT}.key").chmod(0o600)
+    wait_record(state, command_id, lambda r: r["told"] == "told", "its end told once the key is there", timeout=40)
+    assert way_in.received and way_in.received[-1]["from"] == f"run:{command_id}"
+    assert server.close() == 0
+
+
 def test_everything_the_program_printed_lies_between_markers_whose_nonce_it_never_saw(
         servers, files, state, keyring, ways_in):
     way_in = ways_in()

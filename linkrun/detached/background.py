@@ -210,7 +210,9 @@ class Background:
             # The first sweep waits for the session's first answer (or two
             # seconds): a start with many records must not slow `initialize`.
             self.ready.wait(2.0)
-            self._look_at_the_key()
+            if (problem := self.key_problem()) is not None:  # said now, not only once an end cannot be told
+                logger.warning(f"{problem}: the ends of background commands cannot be told through the way in "
+                               "until it is mended")
             if self.warm is not None:
                 self.warm.start()  # so the first start finds it warm
             while True:
@@ -221,22 +223,22 @@ class Background:
 
         threading.Thread(target=loop, daemon=True, name="sweeps").start()
 
-    def _look_at_the_key(self) -> None:
-        """The agent's key, read once at the start: a missing or unusable one is
-        said now, not only in each command's log once its end cannot be told."""
+    def key_problem(self) -> str | None:
+        """What keeps the way in from being told, with its fix: the agent's key
+        missing or unusable (read at serve's start and at each start); None
+        when it is fine, or when nothing tells."""
         b = self.b
         if not b.way_in:
-            return
+            return None
         from ..messages.wayin import read_key
 
         assert b.agent is not None and b.keyring is not None  # config gives both with every way in
         try:
             read_key(b.keyring, b.agent)
+            return None
         except (LinkRunError, OSError) as problem:  # never the sweeps' end: they run whatever the key
-            what, fix = ((problem.message, problem.hint) if isinstance(problem, LinkRunError) else
-                         (f"the agent's key in {b.keyring} cannot be read ({problem})", "check the disk"))
-            logger.warning(f"{what}: the ends of background commands cannot be told through the way in "
-                           f"until it is mended; {fix}")
+            return (f"{problem.message}; {problem.hint}" if isinstance(problem, LinkRunError) else
+                    f"the agent's key in {b.keyring} cannot be read ({problem}); check the disk")
 
     def run_sweep(self) -> None:
         if not os.path.isdir(self.state):

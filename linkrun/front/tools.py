@@ -234,7 +234,11 @@ class Tools:
             request = self.check_run(arguments)
             self.caller.check(request)
             command_id = background.start(request, self.caller.argv_tail(request), arguments, context.meta)
-            return answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
+            started = answers.start_answer(command_id, str(arguments["program"]), request.args, self.settings)
+            if (problem := background.key_problem()) is not None:  # a trial: it promised a message nothing sent
+                started.add_note(f"[nothing tells this conversation yet: {problem}; its end is told once it is "
+                                 "mended, and list and read with wait say it meanwhile]")
+            return started
         if name == "list":
             return answers.list_answer(background.list(context.meta))
         if name == "write":

@@ -144,8 +144,8 @@ def send(way_in: str, agent: str, keyring: str, body: bytes, now: Callable[[], f
     for attempt in (1, 2):
         try:
             key = read_key(keyring, agent)
-        except LinkRunError as error:
-            return Delivery(DeliveryOutcome.GIVEN_UP, None, str(error))
+        except LinkRunError as error:  # the user's to mend, as serve says: tried again, as an unreached way in is
+            return Delivery(DeliveryOutcome.NOT_REACHED, None, str(error))
         date = str(int(now()))
         try:
             status, reason, retry_after, said = _post(address, agent, date, signature(key, agent, date, body), body)

@@ -180,6 +180,8 @@ def test_a_client_that_reads_resources_gets_a_link_and_reads_it(keep):
     assert contents[0]["text"].encode() == numbers(300000)
     unknown = keep.request("resources/read", {"uri": links[0]["uri"], "_meta": OTHER})
     assert unknown["error"]["code"] == -32002
+    assert unknown["error"]["message"].endswith("(read it with the _meta of the call that linked it, its "
+                                                "conversation's)"), unknown
 
 
 def test_resources_are_declared_only_with_kept_output(servers, files, state):
@@ -253,8 +255,12 @@ def test_with_a_way_in_a_call_without_a_conversation_keeps_nothing(servers, file
     result = server.call("command", {"program": "python3", "args": NUMBERS})
     assert "output_id" not in result["structuredContent"]
     assert "bytes left out …]" in text_of(result)  # the plain cut: no conversation could read it
+    # A fourth new user's trial: nothing said that nothing was kept, where README says nothing printed is lost.
+    said = "[nothing of what was left out is kept: this call named no conversation (_meta link.local/thread)"
+    assert said in text_of(result) and any(said in note for note in result["structuredContent"]["notes"]), result
     assert kept_files(state) == []
-    assert "output_id" in server.call("command", {"program": "python3", "args": NUMBERS}, meta=META)["structuredContent"]
+    kept = server.call("command", {"program": "python3", "args": NUMBERS}, meta=META)
+    assert "output_id" in kept["structuredContent"] and said not in text_of(kept)
 
 
 def test_a_disk_that_refuses_the_kept_output_never_fails_the_call(servers, files, state):

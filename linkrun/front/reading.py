@@ -205,5 +205,7 @@ def resources(method: str, params: dict[str, Any], meta: dict[str, Any], kept: K
         return {}, (-32602, "resources/read needs a string uri")
     text = kept.resource(uri, meta)
     if text is None:
-        return {}, (RESOURCE_NOT_FOUND, f"Resource not found: {uri} is no kept output of this conversation's")
+        # A trial: a harness followed the link without the call's _meta, and could not tell why it failed.
+        return {}, (RESOURCE_NOT_FOUND, f"Resource not found: {uri} is no kept output of this conversation's "
+                                        "(read it with the _meta of the call that linked it, its conversation's)")
     return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": text}]}, None

@@ -266,6 +266,10 @@ class Tools:
             return None
         text, notes = command_text(outcome, request.timeout, self.settings, "start" in self.table, self.caller.holding, kept)
         result = ToolResult(text, command_structured(outcome, self.caller.holding, kept), notes=notes, links=kept_links(kept))
+        if self.kept is not None and self.kept.owner(context.meta) is None and (outcome.output.left_out or outcome.errors.left_out):
+            # A trial: with a way in, a call that names no conversation was cut and said nothing of it.
+            result.add_note("[nothing of what was left out is kept: this call named no conversation "
+                            "(_meta link.local/thread), whose output alone is kept for read]")
         if outcome.git_notes:
             result.add_note(git_note(outcome.git_notes))
         if outcome.no_internet:

@@ -45,7 +45,8 @@ def test_a_cut_stream_is_kept_whole_and_read_by_the_id_its_answer_gives(keep, st
     value = result["structuredContent"]
     kept_id = value["output_id"]
     assert "errors_id" not in value  # nothing was cut there
-    assert f"bytes left out: read id={kept_id} has the whole stream" in text_of(result)
+    # A fourth new user's trial: how long it is kept was said nowhere but in a refusal once it was gone.
+    assert f"bytes left out: read id={kept_id} has the whole stream for 1d …]" in text_of(result)
     assert f"read id={kept_id}" in value["output"]  # structured-first clients see it too
     # The answer's head and tail are as without keeping (the tail read back from where it was kept).
     head, tail = value["output"].split(" …]\n")[0], value["output"].split(" …]\n")[1]
@@ -317,3 +318,9 @@ def test_a_read_without_offset_gives_its_last_bytes_from_a_line_start(keep, stat
     value, _ = read_kept(keep, kept_id)
     assert value["offset"] % 7 == 0 and value["next"] == 2100000 and 16384 - 7 < len(value["text"]) <= 16384, value
     assert value["text"] == numbers(len(value["text"]) // 7, value["offset"] // 7).decode()
+
+
+def test_the_instructions_say_how_long_a_cut_stream_is_kept(servers, files, state):
+    # A fourth new user's trial: "kept a while", where the answer's id is read for --keep-for alone.
+    instructions = servers(keep_argv(files, state, keep_for="2h")).initialize()["instructions"]
+    assert "where a stream was cut, its whole (its last 16M) is kept for 2h, and read reads it" in instructions

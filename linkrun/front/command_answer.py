@@ -39,14 +39,13 @@ def command_text(outcome: Outcome, timeout: float, settings: Serve, can_start: b
     write explained; and serve's notes among those lines (the limit, the
     write), for the structured value too. `kept`: the id of each stream kept
     past the answer."""
-    ids, cap = (kept.ids, kept.cap) if kept is not None else ({}, 0)
     lines = [_ending(outcome, timeout, can_start, settings.timeout)]
     notes = []
     if outcome.limit is not None:
         notes.append(limit_text(outcome.limit, held, settings.sandbox))
         lines.append(notes[-1])
-    lines += _stream_text("output", outcome.output, ids.get("output"), cap)
-    lines += _stream_text("errors", outcome.errors, ids.get("errors"), cap)
+    lines += _stream_text("output", outcome.output, kept)
+    lines += _stream_text("errors", outcome.errors, kept)
     if settings.write and _refused_write(outcome):
         writable = " and ".join(f"{w}/" for w in settings.write)
         notes.append(f"[the sandbox refused a write: only {writable} of the files folder "
@@ -67,7 +66,7 @@ def command_structured(outcome: Outcome, held: Holding | None = None,
                        kept: KeptStreams | None = None) -> dict[str, object]:
     """The answer's structured value, as the command tool's outputSchema says (`limits` only with limits,
     `output_id` and `errors_id` only for a stream kept past the answer)."""
-    ids, cap = (kept.ids, kept.cap) if kept is not None else ({}, 0)
+    ids = kept.ids if kept is not None else {}
     value: dict[str, object] = {
         "exit": outcome.exit,
         "signal": signal_name(outcome.signal) if outcome.signal is not None else None,
@@ -75,8 +74,8 @@ def command_structured(outcome: Outcome, held: Holding | None = None,
         "output_bytes": outcome.output.total,
         "errors_bytes": outcome.errors.total,
         "seconds": outcome.seconds,
-        "output": _shown(outcome.output, ids.get("output"), cap),
-        "errors": _shown(outcome.errors, ids.get("errors"), cap),
+        "output": _shown(outcome.output, "output", kept),
+        "errors": _shown(outcome.errors, "errors", kept),
         "limit": outcome.limit,
     }
     for stream, kept_id in ids.items():
@@ -126,23 +125,25 @@ def _ending(outcome: Outcome, timeout: float, can_start: bool, longest: float) -
     return f"exit {outcome.exit} · {seconds}" + killed_by_note(outcome.exit, sure=killed_by_limit(outcome.limit, outcome.exit))
 
 
-def _stream_text(label: str, capture: Capture, kept_id: str | None, cap: int) -> list[str]:
+def _stream_text(label: str, capture: Capture, kept: KeptStreams | None) -> list[str]:
     if capture.total == 0:
         return [f"{label}: none"]
-    return [f"{label} ({capture.total} bytes):", _shown(capture, kept_id, cap)]
+    return [f"{label} ({capture.total} bytes):", _shown(capture, label, kept)]
 
 
-def _shown(capture: Capture, kept_id: str | None = None, cap: int = 0) -> str:
+def _shown(capture: Capture, stream: str, kept: KeptStreams | None) -> str:
     """A stream's kept start and end as the text shows them, and the structured value too;
-    where it was cut, the id of the stream kept past the answer."""
+    where it was cut, the id of the stream kept past the answer, and for how long."""
     head, tail, left_out = capture.texts()
     parts = [head]
+    kept_id = kept.ids.get(stream) if kept is not None else None
     if left_out:
-        if kept_id is None:
+        if kept is None or kept_id is None:
             parts += [f"[… {left_out} bytes left out …]", tail]
         else:
-            which = "the whole stream" if capture.total <= cap else f"the stream's last {describe_size(cap)}"
-            parts += [f"[… {left_out} bytes left out: read id={kept_id} has {which} …]", tail]
+            which = "the whole stream" if capture.total <= kept.cap else f"the stream's last {describe_size(kept.cap)}"
+            parts += [f"[… {left_out} bytes left out: read id={kept_id} has {which} for "
+                      f"{format_duration(kept.keep_for)} …]", tail]
     # One final newline is the stream's own ending, not a line of its own.
     parts[-1] = parts[-1].removesuffix("\n")
     return "\n".join(parts)

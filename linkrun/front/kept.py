@@ -77,6 +77,7 @@ class KeptStreams:
 
     ids: dict[str, str]
     cap: int
+    keep_for: int  # seconds
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Kept:
         wanted = not outcome.cancelled
         cut = (wanted and outcome.output.left_out > 0, wanted and outcome.errors.left_out > 0)
         ids = self.settle(keeping, cut, str(arguments["program"]), tuple(map(str, arguments.get("args") or ())))
-        return KeptStreams(ids, self.settings.output)
+        return KeptStreams(ids, self.settings.output, self.settings.keep_for)
 
     def settle(self, keeping: Keeping, cut: tuple[bool, bool], program: str, args: tuple[str, ...]) -> dict[str, str]:
         """Each stream that was cut and kept whole → its id; the rest removed. Then the caps."""

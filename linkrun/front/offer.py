@@ -110,5 +110,5 @@ def kept_sentence(keep: KeepSettings | None) -> str:
     """The instructions' end of their sentence on a call's output."""
     if keep is None:
         return "."
-    return (f"; where a stream was cut, its whole (its last {describe_size(keep.output)}) is kept a while, and "
-            "read reads it by the id the answer gives.")
+    return (f"; where a stream was cut, its whole (its last {describe_size(keep.output)}) is kept for "
+            f"{format_duration(keep.keep_for)}, and read reads it by the id the answer gives.")

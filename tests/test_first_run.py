@@ -292,6 +292,28 @@ def test_remove_beside_a_running_serve_says_what_it_removed_and_that_serve_says_
         assert "start the agent again" in text and "Try again" not in text, text
 
 
+def test_a_call_refused_by_a_server_that_start_runs_is_told_why(up_as):
+    # A fourth new user's trial: a test in a later command could not reach the server `start` ran, and its
+    # "Connection refused" came with no word of each sandbox's network being its own.
+    fetch = "import urllib.request, sys; print(urllib.request.urlopen(sys.argv[1]).status)"
+    server = up_as.start("python3", "-m", "http.server", "8765", "--bind", "127.0.0.1")
+    found = up_as.server.call("read", {"id": server, "pattern": "Serving", "wait": 20}, meta=META, timeout=60)
+    assert found["structuredContent"]["until"] == "match", text_of(found)
+    result = up_as.server.call("command", {"program": "python3", "args": ["-c", fetch, "http://127.0.0.1:8765/"]},
+                               meta=META, timeout=60)
+    assert "Connection refused" in text_of(result), text_of(result)
+    note = f"[a server that start runs ({server}) is in a sandbox of its own, with a network of its own"
+    assert note in text_of(result) and any(note in n for n in result["structuredContent"]["notes"]), text_of(result)
+    together = up_as.server.call("command", {"program": "sh", "args": ["-c", (
+        f"python3 -m http.server 8766 --bind 127.0.0.1 & sleep 1; python3 -c '{fetch}' http://127.0.0.1:8766/; "
+        "kill $!")]}, meta=META, timeout=60)
+    assert "200" in text_of(together) and "notes" not in together["structuredContent"], text_of(together)
+    up_as.server.call("stop", {"id": server}, meta=META, timeout=60)
+    alone = up_as.server.call("command", {"program": "python3", "args": ["-c", fetch, "http://127.0.0.1:8765/"]},
+                              meta=META, timeout=60)  # nothing of this conversation runs: nothing to say
+    assert "Connection refused" in text_of(alone) and "notes" not in alone["structuredContent"], text_of(alone)
+
+
 def test_read_of_an_ended_background_command_says_how_it_ended(up_as):
     command_id = up_as.start("sh", "-c", "echo done; exit 3")
     up_as.wait_ended(command_id)

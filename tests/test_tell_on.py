@@ -59,6 +59,8 @@ def test_a_matching_line_is_told_once_with_its_offset_then_the_end(servers, file
     nonce, shown = output_block(message["text"])
     assert shown == "@9: listening on :8000\n"
     assert "matching its tell_on pattern 'listening on'" in message["text"]
+    # A fourth new user's trial: the pointer named the pattern as "…".
+    assert message["text"].endswith(f"read more with read id={command_id} pattern='listening on' offset=9"), message
     cue(files, "end")
     end = way_in.next()
     assert end["from"] == f"run:{command_id}" and end["state"] == "exited"

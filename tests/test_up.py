@@ -305,7 +305,9 @@ def test_the_small_tools_a_model_calls_by_name_run_with_the_defaults(box, server
     for program, args, printed in (("echo", ["hi"], "hi"), ("pwd", [], str(box.root / "Files")),
                                    ("env", [], "HOME="), ("printf", ["%s", "x"], "x"),
                                    # and the next trial's: seq, tee and which were refused by name
-                                   ("seq", ["3"], "1\n2\n3"), ("tee", [], "in"), ("which", ["sh"], "/sh")):
+                                   ("seq", ["3"], "1\n2\n3"), ("tee", [], "in"), ("which", ["sh"], "/sh"),
+                                   # and a fourth's: sleep
+                                   ("sleep", ["0"], "exit 0")):
         arguments = {"program": program, "args": args} | ({"input": "in"} if program == "tee" else {})
         result = server.call("command", arguments)
         assert not result.get("isError") and printed in text_of(result), text_of(result)

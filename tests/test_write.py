@@ -430,7 +430,12 @@ def test_ctrl_c_written_without_a_terminal_is_said_to_be_a_plain_byte(bg, state)
     wait_for(lambda: listed(bg, command_id)["waiting"], what="the shell to wait for its input")
     result = bg.call("write", {"id": command_id, "text": "\u0003\n", "wait": 5}, meta=META)
     assert "its \\u0003 went as a plain byte: without tty" in text_of(result), text_of(result)
+    assert "wrote 2 bytes" in text_of(result), text_of(result)
     assert wait_ended(state, command_id)["exit"] == 0
+    one = start(bg, program="sh", args=["-c", "read x; echo got"])  # a fourth trial: "wrote 1 bytes"
+    wait_for(lambda: listed(bg, one)["waiting"], what="the shell to wait for its input")
+    wrote = text_of(bg.call("write", {"id": one, "text": "\n", "wait": 5}, meta=META))
+    assert "wrote 1 byte" in wrote and "wrote 1 bytes" not in wrote, wrote
 
 
 def test_a_write_waiting_for_its_first_output_reports_its_progress_from_the_write_at_a_pace(bg, state):

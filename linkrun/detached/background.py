@@ -267,6 +267,16 @@ class Background:
             raise Refused(UNKNOWN.format(id=command_id))
         return record
 
+    def running_of(self, meta: dict[str, Any]) -> list[str]:
+        """The ids of this conversation's commands that run, by their records (none without a conversation)."""
+        try:
+            thread, _ = self.conversation(meta)
+        except Refused:
+            return []
+        return [command_id for command_id in records.ids(self.state)
+                if (record := records.load(self.state, command_id)) and record.get("thread") == thread
+                and record["state"] in records.RUNNING_STATES]
+
     def list(self, meta: dict[str, Any]) -> Entries:
         """This conversation's commands, newest first, as entries."""
         thread, _ = self.conversation(meta)

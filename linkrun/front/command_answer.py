@@ -97,6 +97,18 @@ def lookup_note(outcome: Outcome, through_proxy: bool, sandbox_file: str) -> str
             f"The user may allow hosts in [internet] hosts of {sandbox_file}, then start the agent again]")
 
 
+def unreached_server_note(outcome: Outcome, running: list[str]) -> str | None:
+    """Why a server that `start` runs is not reached, when a failed call's output shows a connection
+    refused while this conversation's background commands run; else None."""
+    if not running or (outcome.exit == 0 and outcome.signal is None) or not _captured_says(outcome, REFUSED):
+        return None
+    return (f"[a server that start runs ({', '.join(running[:3])}{' …' if len(running) > 3 else ''}) is in a "
+            "sandbox of its own, with a network of its own: no other call reaches it. Run the server and what "
+            "talks to it in one command: sh -c 'server & sleep 1; tests']")
+
+
+# A connection refused, as the C library, Node, curl and Python say it.
+REFUSED = (b"Connection refused", b"ECONNREFUSED", b"Couldn't connect to server", b"Failed to connect")
 # What resolvers print when a name cannot be looked up: glibc's strerror, curl and git's, Node's code, Go's.
 LOOKUP_FAILED = (b"Temporary failure in name resolution", b"Could not resolve host", b"EAI_AGAIN",
                  b"Name or service not known", b": no such host")

@@ -83,8 +83,8 @@ class Offer:
             told = TOLD_WITHOUT_WAY_IN if b.way_in is None else TOLD_WITH_WAY_IN
             lines.append(
                 f"For long work (a build, a test suite, a download), start runs a command in the background and "
-                f"answers at once with its id; at most {b.running} run at once, each for at most "
-                f"{format_duration(b.timeout)}, and {b.per_day} may start in a day. Its output, both streams as "
+                f"answers at once with its id; at most {b.running} run at once (the agent's, its conversations' "
+                f"together), each for at most {format_duration(b.timeout)}, and {b.per_day} may start in a day. Its output, both streams as "
                 f"one, is background/<id>.out in the files folder (the last {describe_size(b.output)} are kept). "
                 f"list shows this conversation's commands, read gives their output, stop stops one. Its network "
                 f"is its own too: no other call reaches a server it runs, so start a server with what talks to it "

@@ -20,7 +20,8 @@ from .kept import KEPT_SCHEMA, Kept, kept_links
 from .reading import offer_kept
 from .calls import CallContext
 from .arguments import QUOTE_MAX, check_run, cut_values, quoted
-from .command_answer import LIMITS_SCHEMA, command_structured, command_text, git_note, lookup_note
+from .command_answer import (LIMITS_SCHEMA, command_structured, command_text, git_note, lookup_note,
+                             unreached_server_note)
 from ..config import Serve
 from ..errors import LinkRunError, Refused
 from .offer import Offer, background_off
@@ -276,7 +277,11 @@ class Tools:
             result.add_note(f"[this call had no internet: {outcome.no_internet}]")
         elif outcome.refused:
             result.add_note(outcome.refused)
-        lookup = lookup_note(outcome, self.settings.proxy, self.programs.sandbox_file) if self.caller.sandbox.real else None
-        if lookup is not None:
-            result.add_note(lookup)
+        if self.caller.sandbox.real:
+            lookup = lookup_note(outcome, self.settings.proxy, self.programs.sandbox_file)
+            if lookup is not None:
+                result.add_note(lookup)
+            running = self.background.running_of(context.meta) if self.background is not None and outcome.exit else []
+            if (unreached := unreached_server_note(outcome, running)) is not None:
+                result.add_note(unreached)
         return result

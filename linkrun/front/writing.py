@@ -104,7 +104,7 @@ def answer(background: Background, arguments: dict[str, Any], context: CallConte
     background.answered_to(command_id, chunk.next)
     result = read_answer(chunk, start, background.b.output, background.state)
     show_waiting(result, background.state, chunk.record)
-    result.add_note(f"wrote {len(data)} bytes" + (" and closed its input" if eof else ""))
+    result.add_note(f"wrote {len(data)} byte{'' if len(data) == 1 else 's'}" + (" and closed its input" if eof else ""))
     if b"\x03" in data and not record.get("tty"):  # Ctrl-C is an interrupt only where a terminal makes it one
         result.add_note("its \\u0003 went as a plain byte: without tty no terminal turns it into an interrupt; "
                         "stop ends the command")

@@ -121,7 +121,7 @@ def text(record: Record, batch: LinesBatch) -> str:
             f"line{'s' if count != 1 else ''} matching its tell_on pattern {record.get('tell_on')!r}; {still}. "
             f"Each line, after its byte offset, between the markers is the command's own output{note}:\n"
             f"-----BEGIN OUTPUT {nonce}-----\n{shown}-----END OUTPUT {nonce}-----\n"
-            f"{rest}read more with read id={id_} pattern=… offset={first_offset}")
+            f"{rest}read more with read id={id_} pattern={record.get('tell_on')!r} offset={first_offset}")
 
 
 def body(record: Record, batch: LinesBatch, message: str) -> bytes:

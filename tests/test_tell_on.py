@@ -278,3 +278,23 @@ def test_a_told_line_cannot_close_its_block_nor_pass_for_another(servers, files,
     cue(files, "end")
     assert way_in.next()["from"] == f"run:{command_id}"
 
+
+
+def test_a_line_longer_than_is_shown_is_said_to_be_cut_where_its_match_may_lie(servers, files, state, keyring, ways_in):
+    # A fourth new user's trial: a 4 KB line matched at its middle was told as its first 512 bytes, its match
+    # out of view, and nothing said the line went on.
+    way_in = ways_in()
+    server = servers(told_argv(files, state, keyring, way_in.address))
+    server.initialize()
+    command_id = cued(server, "x" * 2000 + "MATCH" + "y" * 2000 + "\nshort MATCH\n", tell_on="MATCH")
+    message = way_in.next()
+    assert message["from"] == f"run:{command_id}:lines:1", message
+    said = "a line shown at 512 bytes is cut there, and its match may lie past the cut; read more with read"
+    assert said in message["text"], message["text"]
+    cue(files, "end")
+    assert way_in.next()["from"] == f"run:{command_id}"
+    short = cued(server, "short MATCH\n", tell_on="MATCH")  # `end` is there: it ends once it printed
+    message = way_in.next()
+    assert message["from"] == f"run:{short}:lines:1" and "is cut there" not in message["text"], message["text"]
+    assert way_in.next()["from"] == f"run:{short}"
+    wait_record(state, short, lambda r: r["told"] == "told", "told")

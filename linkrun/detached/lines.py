@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Refused
+from ..state.records import LINE_SHOWN
 
 BLOCK = 1 << 20
 MAX_PATTERN = 1000  # characters
 MAX_PATTERN_MEMORY = 8 << 20  # RE2's budget for one compiled pattern
 SCAN_SECONDS = 2.0  # a scan stops here, and says where
 SCREEN = 50  # lines shown at most
-LINE_SHOWN = 512  # bytes of each shown line at most
 MISSES = 16  # lines of a block holding a literal and no match, before tell_on's search goes on by RE2 alone
 _RANGE = re.compile(r"(\d+)(?:-(\d*))?|-(\d+)")  # matched whole: "120-180", "120-", "120", "-50"
 PATTERN_HINT = ("write it in RE2 syntax (as Python's re, without backreferences and lookarounds), "

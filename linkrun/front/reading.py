@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..detached.lines import LINE_SHOWN, SCREEN
+from ..detached.lines import SCREEN
+from ..state.records import LINE_SHOWN
 from ..detached.outread import ReadChunk
 from ..errors import Refused
 from ..state.records import is_command_id

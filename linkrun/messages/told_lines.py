@@ -117,6 +117,9 @@ def text(record: Record, batch: LinesBatch) -> str:
     if batch["more"]:
         rest = f"{batch['more']} more matching line{'s' if batch['more'] != 1 else ''} not shown; "
     first_offset = batch["lines"][0][0] if batch["lines"] else 0
+    # A line is kept to its first LINE_SHOWN bytes: its match may lie past them (a trial saw none of it).
+    if any(len(line.encode()) >= records.LINE_SHOWN for _, line in batch["lines"]):
+        rest += f"a line shown at {records.LINE_SHOWN} bytes is cut there, and its match may lie past the cut; "
     return (f"Background command {id_} ({command}, started {local_time(record['started'])}) printed {count} "
             f"line{'s' if count != 1 else ''} matching its tell_on pattern {record.get('tell_on')!r}; {still}. "
             f"Each line, after its byte offset, between the markers is the command's own output{note}:\n"

@@ -131,6 +131,7 @@ class Told:
 AGENT_STOPPING = "agent stopping"
 
 RUNNING_STATES: tuple[StateName, ...] = (State.STARTING, State.RUNNING)
+LINE_SHOWN = 512  # bytes of a found line kept and shown at most: by read, and in a record's lines told
 ENDED_STATES: tuple[StateName, ...] = (State.EXITED, State.STOPPED, State.TIMED_OUT, State.LOST, State.FAILED_TO_START)
 TO_TELL: tuple[ToldName, ...] = (Told.UNTOLD, Told.TELLING)
 SETTLED: tuple[ToldName, ...] = (Told.TOLD, Told.GIVEN_UP, Told.NO_WAY_IN)  # nothing more to tell: its files may go once kept

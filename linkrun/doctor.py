@@ -15,7 +15,7 @@ from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from . import agent as agent_folder
-from .sandboxing import hostfacts, sandbox
+from .sandboxing import hostfacts, sandbox, sandboxfile
 from .config import CONTROLLERS, Limits, split_flags
 from .errors import LinkRunError
 from .invocation import typed
@@ -96,7 +96,7 @@ def _nearest_folder(root: str) -> str:
     return parent
 
 
-def _agent_checks(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
+def _agent_checks(folder: agent_folder.AgentFolder, settings: sandboxfile.SandboxFile, environ: Mapping[str, str],
                   host: hostfacts.Host) -> Iterator[Check]:
     """The checks that start the agent's sandbox, and what hangs on it."""
     kept = yield from _sandbox_starts(folder, settings, environ, host)
@@ -125,13 +125,13 @@ def _longest_call(folder: agent_folder.AgentFolder) -> int:
         spec = read_toml(source, "spec") if os.path.exists(source) else {}
         return parse_duration("timeout", run_settings(spec, source)["--timeout"])
     except LinkRunError:
-        return parse_duration("timeout", str(sandbox.defaults()["run"]["timeout"]))
+        return parse_duration("timeout", str(sandboxfile.defaults()["run"]["timeout"]))
 
 
-def _sandbox_file(path: str | None) -> Generator[Check, None, sandbox.SandboxFile | None]:
+def _sandbox_file(path: str | None) -> Generator[Check, None, sandboxfile.SandboxFile | None]:
     """The sandbox file, loaded; None once it failed."""
     try:
-        settings = sandbox.load(path)
+        settings = sandboxfile.load(path)
     except LinkRunError as error:
         yield "FAIL", f"the sandbox file: {error.message}", error.hint
         return None
@@ -160,7 +160,7 @@ def _spec_file(folder: agent_folder.AgentFolder) -> Iterator[Check]:
     yield "ok", f"the spec: {source}", ""
 
 
-def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, hostfacts.Host | None]:
+def _host_checks(settings: sandboxfile.SandboxFile) -> Generator[Check, None, hostfacts.Host | None]:
     """This machine's bubblewrap and what the sandbox file asks of it; None once bubblewrap failed."""
     try:
         host = sandbox.host_facts()
@@ -177,7 +177,7 @@ def _host_checks(settings: sandbox.SandboxFile) -> Generator[Check, None, hostfa
     return host
 
 
-def _sandbox_starts(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, environ: Mapping[str, str],
+def _sandbox_starts(folder: agent_folder.AgentFolder, settings: sandboxfile.SandboxFile, environ: Mapping[str, str],
                     host: hostfacts.Host) -> Generator[Check, None, sandbox.ProgramsHere | None]:
     """The agent's own sandbox, started once; the programs it keeps, or None once it failed."""
     from .sandboxing import seccomp
@@ -214,7 +214,7 @@ def _fork_brake_check(host: hostfacts.Host) -> Check:
     """The brake is the uid's count plus a margin, cut to the hard limit: only
     a hard limit below that is near (the brake itself is never a hard limit,
     and doctor's own processes count)."""
-    margin = int(sandbox.defaults()["limits"]["nproc_margin"])
+    margin = int(sandboxfile.defaults()["limits"]["nproc_margin"])
     if os.getuid() == 0:
         return "warn", f"running as root: the fork-bomb brake (--nproc {host.nproc}) binds nothing for root", \
             "run the agent as an ordinary user"

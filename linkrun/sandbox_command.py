@@ -19,7 +19,8 @@ from .network import internet as internet_
 from .processes.group import kill_init
 from .sandboxing.hostfacts import SYSTEM_PATH
 from .sandboxing.launch import Sandbox, prepare, program_argv
-from .sandboxing.sandbox import SandboxFile, build, find_system, load, write_folders
+from .sandboxing.sandbox import build, find_system, write_folders
+from .sandboxing.sandboxfile import SandboxFile, load
 from .state import layout
 
 

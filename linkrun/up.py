@@ -18,7 +18,7 @@ from . import agent as agent_folder
 from . import doctor
 from .state import filing, layout
 from .network import internet
-from .sandboxing import hostfacts, sandbox, seccomp
+from .sandboxing import hostfacts, sandbox, sandboxfile, seccomp
 from .address import parse_address
 from .calls.setup import up_checks
 from .config import Flags, WayInFlags, split_flags, way_in_flags
@@ -32,7 +32,7 @@ USAGE = ("lnk-link-run up [--agent DIR] [--sandbox FILE] [--spec FILE] "
 
 def _help() -> str:
     """`up --help`: what it is, and each flag with its default (the spec's from the embedded defaults)."""
-    run = sandbox.defaults()["run"]
+    run = sandboxfile.defaults()["run"]
     spec = ", ".join(f"{key} {run[key]}" for key in RUN_KEYS)
     return f"""usage: {USAGE}
 
@@ -111,7 +111,7 @@ def _plan(argv: list[str], environ: Mapping[str, str]) -> tuple[list[str], Calla
     keyring = way_in.keyring or os.path.abspath(agent_folder.default_keyring(environ))
     fixed, kept, host = sandbox.build(folder, settings, environ, keyring, etc_view=False)
     # The embedded list names more than most machines have; what the user added and the machine lacks is news.
-    lacking = [program for program in kept.missing if program not in sandbox.defaults()["sandbox"]["commands"]["allow"]]
+    lacking = [program for program in kept.missing if program not in sandboxfile.defaults()["sandbox"]["commands"]["allow"]]
     if lacking:
         logger.warning(f"the sandbox file allows {', '.join(lacking)}, which this machine does not have: they are "
                        f"not offered; install them, or mend their names in {settings.source}")
@@ -153,7 +153,7 @@ def _check_flags(argv: list[str], environ: Mapping[str, str]) -> tuple[Flags, st
     return flags, route, way_in_flags(flags, environ)
 
 
-def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder.AgentFolder, sandbox.SandboxFile,
+def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder.AgentFolder, sandboxfile.SandboxFile,
                                                                    dict[str, str], bool]:
     """The agent's folder, made, with the sandbox file and the run settings it
     follows: the ones given (checked before anything is created or copied,
@@ -170,7 +170,7 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
     are; a spec mended wrong leaves it followed, and serve's checks refuse
     the calls all the same)."""
     sandbox_path, spec_path = flags.get("--sandbox"), flags.get("--spec")
-    settings = sandbox.load(sandbox_path) if sandbox_path else None
+    settings = sandboxfile.load(sandbox_path) if sandbox_path else None
     run = _run_of(spec_path) if spec_path else None
 
     folder = agent_folder.create(flags.get("--agent") or agent_folder.default_root(environ))
@@ -181,10 +181,10 @@ def _agent_files(flags: Flags, environ: Mapping[str, str]) -> tuple[agent_folder
         if not os.path.exists(folder.sandbox_file):
             filing.write_whole(folder.sandbox_file, default_sandbox_file().encode(), 0o644)
         try:
-            settings = sandbox.load(folder.sandbox_file)
+            settings = sandboxfile.load(folder.sandbox_file)
         except LinkRunError as problem:
             _say_served(problem)
-            settings, followed = sandbox.load(None), False
+            settings, followed = sandboxfile.load(None), False
     if spec_path:
         _keep(spec_path, folder.spec_file)
     elif os.path.exists(folder.spec_file):
@@ -213,7 +213,7 @@ def _say_served(problem: LinkRunError) -> None:
                  "program, saying why, until it is mended and the agent started again")
 
 
-def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, route: str | None,
+def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandboxfile.SandboxFile, route: str | None,
                       way_in: WayInFlags) -> None:
     """The proxy's settings file (a --route without hosts is said to change nothing)."""
     if route and not settings.hosts:
@@ -227,7 +227,7 @@ def _prepare_internet(folder: agent_folder.AgentFolder, settings: sandbox.Sandbo
         internet.write_settings(folder.state, list(settings.hosts), route, way_in_port)
 
 
-def _background_flags(folder: agent_folder.AgentFolder, settings: sandbox.SandboxFile, run: dict[str, str],
+def _background_flags(folder: agent_folder.AgentFolder, settings: sandboxfile.SandboxFile, run: dict[str, str],
                       way_in: WayInFlags, no_way_in: bool) -> list[str]:
     """serve's state folder (for the kept output, background commands and the proxy), its proxy, the kept
     output's caps, and the background settings."""
@@ -254,7 +254,7 @@ def _in_scope(serve: list[str], folder: agent_folder.AgentFolder) -> list[str]:
     works, _ = doctor.scope_works()
     if not works:
         return serve
-    limits = sandbox.defaults()["limits"]
+    limits = sandboxfile.defaults()["limits"]
     # Delegate=yes: serve may make a cgroup for each call inside its scope.
     return [sandbox.find_system("systemd-run") or "systemd-run", "--user", "--scope", "--quiet", "--collect",
             "-p", "Delegate=yes",

@@ -26,7 +26,7 @@ from up_harness import Up
 
 from linkrun import agent
 from linkrun.state import filing, layout
-from linkrun.sandboxing import etcrule, etcview, sandbox
+from linkrun.sandboxing import etcrule, etcview, sandbox, sandboxfile
 
 
 def stand_in(tmp_path: Path) -> Path:
@@ -225,7 +225,7 @@ def test_a_view_a_sandbox_holds_is_kept_until_it_ends(tmp_path):
 
 def serve_with_view(folder: agent.AgentFolder) -> list[str]:
     """serve as `up` execs it, its fixed argv binding the agent's /etc view."""
-    fixed = sandbox.fixed_argv(folder, sandbox.load(None), sandbox.host_facts(), [], [])
+    fixed = sandbox.fixed_argv(folder, sandboxfile.load(None), sandbox.host_facts(), [], [])
     return serve_argv(Path(folder.files), "--write", "work", programs=("cat",), sandbox=fixed)
 
 

@@ -20,7 +20,7 @@ from conftest import SERVER, clean_env, require_sandbox, text_of, wait_for
 from sandbox_helpers import outer_sandbox
 from up_harness import META, Up, ensure_tester, running_as_root
 
-from linkrun.sandboxing import hostfacts, sandbox
+from linkrun.sandboxing import hostfacts, sandboxfile
 from linkrun.state import records
 
 Run = Callable[..., subprocess.CompletedProcess]
@@ -120,10 +120,10 @@ def test_the_first_up_writes_the_sandbox_file_in_force_and_adding_a_program_to_i
     written = agent / "Config" / "sandbox.toml"
     text = written.read_text()
     assert text.startswith("#") and "[commands]" in text and "[limits]" in text, text
-    assert sandbox.load(str(written)) == sandbox.load(None)._replace(source=str(written))
+    assert sandboxfile.load(str(written)) == sandboxfile.load(None)._replace(source=str(written))
     # A third new user's trial: a comment named `[limits] cpu_spare_cores`, which the file refuses as unknown.
     named = re.findall(r"\[(\w+)\] (\w+)", "\n".join(line.partition("#")[2] for line in text.splitlines()))
-    assert all(key in sandbox.KEYS.get(section, ()) for section, key in named), named
+    assert all(key in sandboxfile.KEYS.get(section, ()) for section, key in named), named
     assert "cpu_spare_cores" not in text, text
     # The docs' advice: add the program to [commands] allow.
     written.write_text(text.replace('"sh", "bash",', '"sh", "id", "bash",', 1))

@@ -24,7 +24,7 @@ from conftest import SYSTEM_PATH, require_sandbox
 from sandbox_helpers import Agent
 from up_harness import KEYRING_LAUNCHER, key_syscalls
 
-from linkrun.sandboxing import launch, sandbox
+from linkrun.sandboxing import launch, sandbox, sandboxfile
 
 KEYCTL_GET_KEYRING_ID, KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_READ, KEYCTL_SEARCH = 0, 1, 11, 10
 KEY_SPEC_SESSION_KEYRING = -3
@@ -103,7 +103,7 @@ def with_a_key(job: Callable[[int, str], None]) -> dict:
 
 def unfiltered(box: Agent) -> launch.Sandbox:
     """The agent's real sandbox, as serve runs a call in it, without the filter."""
-    fixed, _, _ = sandbox.build(box.folder, sandbox.load(None), box.env)
+    fixed, _, _ = sandbox.build(box.folder, sandboxfile.load(None), box.env)
     return launch.Sandbox(tuple(fixed), str(box.files), ("work",))
 
 

@@ -29,7 +29,7 @@ from up_harness import (META, SYSTEM_PATH, Up, ensure_tester, kill_tagged, proce
                         running_as_root, start_up, stop_background)
 
 from linkrun.processes.spare import AHEAD
-from linkrun.sandboxing import cgroups, keptgroups, sandbox
+from linkrun.sandboxing import cgroups, keptgroups, sandbox, sandboxfile
 from linkrun import config, invocation
 from linkrun.messages import told
 from linkrun.errors import LinkRunError, UsageError
@@ -135,19 +135,19 @@ def serve_pid(up: Up) -> int:
 
 
 def test_the_limits_of_the_sandbox_file_are_checked_and_resolved_against_the_machine():
-    parsed = sandbox.parse({"limits": {"memory": "25%", "tasks": 64, "cpu": "150%"}}, "f")
+    parsed = sandboxfile.parse({"limits": {"memory": "25%", "tasks": 64, "cpu": "150%"}}, "f")
     host = sandbox.Host(bwrap="b", prlimit="p", disable_userns=True, root=(), nproc=1,
                         fsize_max=None, memory_total=8 * 1024 * MIB, cpus=4)
     assert sandbox.call_limits(parsed, host) == cgroups.Limits(2 * 1024 * MIB, 64, 150)
-    assert sandbox.call_limits(sandbox.parse({"limits": {"memory": "4G"}}, "f"), host) == \
+    assert sandbox.call_limits(sandboxfile.parse({"limits": {"memory": "4G"}}, "f"), host) == \
         cgroups.Limits(4 * 1024 * MIB, 1024, 300)  # the defaults: 1024 tasks, every core but one
     for bad in ({"memory": "0%"}, {"memory": "150%"}, {"memory": "lots"}, {"tasks": 3}, {"tasks": "many"},
                 {"cpu": "2"}, {"cpu": "0%"}, {"cpu": 200}):
         with pytest.raises(LinkRunError, match=r"\[limits\]"):
-            sandbox.parse({"limits": bad}, "f")
+            sandboxfile.parse({"limits": bad}, "f")
     for bad in ("lots", "150%"):  # both forms named, whichever was meant
         with pytest.raises(LinkRunError) as refused:
-            sandbox.parse({"limits": {"memory": bad}}, "f")
+            sandboxfile.parse({"limits": {"memory": bad}}, "f")
         assert refused.value.hint == 'write a size such as "4G", or a share from "1%" to "100%"'
 
 

@@ -28,7 +28,7 @@ from up_harness import META, Up, ensure_tester, running_as_root, start_up, stop_
 from linkrun import agent, config
 from linkrun.front import command_answer
 from linkrun.messages import told
-from linkrun.sandboxing import cgroups, fallback, sandbox
+from linkrun.sandboxing import cgroups, fallback, sandbox, sandboxfile
 from linkrun.processes.group import kill_init
 from linkrun.sandboxing.launch import Sandbox, prepare
 
@@ -149,7 +149,7 @@ LIMITS = "grep -E '^Max (data size|processes|cpu time) ' /proc/self/limits"
 
 def _launch_limits(tmp_path: Path, limits: config.Limits) -> dict[str, tuple[str, str]]:
     folder = agent.create(str(tmp_path / "agent"))
-    fixed, _, _ = sandbox.build(folder, sandbox.load(None), clean_env())
+    fixed, _, _ = sandbox.build(folder, sandboxfile.load(None), clean_env())
     box = Sandbox(tuple(fixed), folder.files, ("work",), limits=limits, longest=120, place=NOWHERE)
     with prepare(box, ["/bin/sh", "-c", LIMITS]) as launch:
         assert launch.group is None  # no cgroup is made where none can be had

@@ -21,7 +21,7 @@ from up_harness import processes_with
 from sandbox_helpers import Agent
 
 from linkrun import agent
-from linkrun.sandboxing import hostfacts, sandbox
+from linkrun.sandboxing import hostfacts, sandbox, sandboxfile
 from linkrun.errors import LinkRunError
 
 
@@ -44,31 +44,31 @@ def test_a_write_entry_must_be_a_relative_folder_outside_chats_and_background():
     for bad in (["/abs"], [".."], ["a/../b"], ["a//b"], ["."], [""], ["chats"], ["chats/x"],
                 ["background"], ["background/x"], ["a", "a/b"]):
         with pytest.raises(LinkRunError):
-            sandbox.check_write(bad, "test")
-    assert sandbox.check_write(["data", "work/cache", "out/reports"], "test") == ("data", "work/cache", "out/reports")
+            sandboxfile.check_write(bad, "test")
+    assert sandboxfile.check_write(["data", "work/cache", "out/reports"], "test") == ("data", "work/cache", "out/reports")
 
 
 def test_an_unknown_section_or_key_is_refused():
     with pytest.raises(LinkRunError, match=r"unknown section \[command\]"):
-        sandbox.parse({"command": {"allow": ["sh"]}}, "f")
+        sandboxfile.parse({"command": {"allow": ["sh"]}}, "f")
     with pytest.raises(LinkRunError, match="unknown key 'writes'"):
-        sandbox.parse({"files": {"writes": ["x"]}}, "f")
+        sandboxfile.parse({"files": {"writes": ["x"]}}, "f")
 
 
 def test_internet_hosts_are_names_wildcards_and_ports_or_star():
     good = ["example.org", "*.example.net", "api.example.com:8443", "127.0.0.2:8000", "localhost:5432", "*"]
-    assert sandbox.parse({"internet": {"hosts": good}}, "f").hosts == tuple(good)
+    assert sandboxfile.parse({"internet": {"hosts": good}}, "f").hosts == tuple(good)
     for bad in ("http://example.org", "example.org/path", "example.org:0", "example.org:70000", "*:80",
                 "ex ample.org", "", "[::1]:80", "*.*.example.org"):
         with pytest.raises(LinkRunError, match=r"\[internet\] hosts has"):
-            sandbox.parse({"internet": {"hosts": [bad]}}, "f")
+            sandboxfile.parse({"internet": {"hosts": [bad]}}, "f")
     # A third new user's trial: the refusal gave the right form, and never said what was wrong.
     for bad, why in (("https://pypi.org", "with a scheme: a host is its name alone"),
                      ("pypi.org/simple", "with a path: a host is its name alone"),
                      ("pypi.org:99999", "whose port 99999 is not one (1 to 65535)"),
                      ("*:80", "a port for *, which admits 80 and 443 alone")):
         with pytest.raises(LinkRunError, match=re.escape(f"[internet] hosts has {bad!r}, {why}")):
-            sandbox.parse({"internet": {"hosts": [bad]}}, "f")
+            sandboxfile.parse({"internet": {"hosts": [bad]}}, "f")
 
 
 def test_every_mistake_of_a_sandbox_file_is_said_at_once():
@@ -76,7 +76,7 @@ def test_every_mistake_of_a_sandbox_file_is_said_at_once():
     data = {"limits": {"memory": "4 GB", "tmp": "lots"}, "internet": {"hosts": "pypi.org"}, "bogus": {},
             "files": {"wirte": ["data"]}}
     with pytest.raises(LinkRunError) as refused:
-        sandbox.parse(data, "f")
+        sandboxfile.parse(data, "f")
     message = refused.value.message
     assert message.startswith("f has 5 mistakes: "), message
     for said in ("unknown section [bogus]", "unknown key 'wirte' in [files]", "[internet] hosts is not a list",
@@ -84,16 +84,16 @@ def test_every_mistake_of_a_sandbox_file_is_said_at_once():
         assert said in message, message
     assert refused.value.hint == "mend each"
     with pytest.raises(LinkRunError) as alone:  # one alone, as it was
-        sandbox.parse({"bogus": {}}, "f")
+        sandboxfile.parse({"bogus": {}}, "f")
     assert alone.value.message == "f: unknown section [bogus]", alone.value.message
 
 
 def test_a_section_left_out_takes_the_embedded_default():
-    parsed = sandbox.parse({"files": {"write": ["data"]}}, "f")
+    parsed = sandboxfile.parse({"files": {"write": ["data"]}}, "f")
     assert "sh" in parsed.allow and "python3" in parsed.allow
     assert parsed.write == ("data",)
-    assert sandbox.parse({"commands": {"allow": []}}, "f").allow == ()
-    limited = sandbox.parse({"limits": {"tmp": "1M", "file": 4096}}, "f")
+    assert sandboxfile.parse({"commands": {"allow": []}}, "f").allow == ()
+    limited = sandboxfile.parse({"limits": {"tmp": "1M", "file": 4096}}, "f")
     assert (limited.tmp_size, limited.file_size) == (1024 * 1024, 4096)
 
 
@@ -101,7 +101,7 @@ def test_a_section_left_out_takes_the_embedded_default():
 
 def test_the_fixed_argv_has_the_limits_namespaces_and_read_only_system(tmp_path):
     folder = agent.create(str(tmp_path / "a"))
-    argv = sandbox.fixed_argv(folder, sandbox.load(None), fake_host(), [], [])
+    argv = sandbox.fixed_argv(folder, sandboxfile.load(None), fake_host(), [], [])
     assert argv[:5] == ["/usr/bin/prlimit", "--core=0", f"--fsize={4 * 1024**3}", "--nproc=5000", "--"]
     assert argv[5] == "/usr/bin/bwrap"
     for flag in ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -122,7 +122,7 @@ def test_the_fixed_argv_has_the_limits_namespaces_and_read_only_system(tmp_path)
 
 
 def test_the_fixed_argv_leaves_out_disable_userns_where_bwrap_has_none(tmp_path):
-    argv = sandbox.fixed_argv(agent.create(str(tmp_path / "a")), sandbox.load(None),
+    argv = sandbox.fixed_argv(agent.create(str(tmp_path / "a")), sandboxfile.load(None),
                               fake_host(disable_userns=False), [], [])
     assert "--disable-userns" not in argv and "--unshare-user" in argv
 
@@ -141,7 +141,7 @@ def test_what_bwrap_takes_is_read_in_its_file_as_its_help_says_it_and_a_wrapper_
 
 
 def test_the_file_size_limit_never_exceeds_the_hard_limit(tmp_path):
-    argv = sandbox.fixed_argv(agent.create(str(tmp_path / "a")), sandbox.load(None), fake_host(fsize_max=1000), [], [])
+    argv = sandbox.fixed_argv(agent.create(str(tmp_path / "a")), sandboxfile.load(None), fake_host(fsize_max=1000), [], [])
     assert "--fsize=1000" in argv
 
 
@@ -168,15 +168,15 @@ def test_the_builder_refuses_a_bind_containing_or_inside_a_protected_place(tmp_p
     assert what[str(tmp_path / "agents" / "other")].startswith("another agent's folder")
     assert str(box.user_home / ".ssh") in what and str(box.keyring) in what and folder.state in what
     with pytest.raises(LinkRunError, match="lies inside your ~/.ssh"):
-        sandbox.fixed_argv(folder, sandbox.load(None), fake_host(), [str(box.user_home / ".ssh" / "bin")], places)
+        sandbox.fixed_argv(folder, sandboxfile.load(None), fake_host(), [str(box.user_home / ".ssh" / "bin")], places)
     with pytest.raises(LinkRunError, match="contains the keyring"):
-        sandbox.fixed_argv(folder, sandbox.load(None), fake_host(), [str(box.user_home)], places)
+        sandbox.fixed_argv(folder, sandboxfile.load(None), fake_host(), [str(box.user_home)], places)
     with pytest.raises(LinkRunError, match="another agent's folder"):
-        sandbox.fixed_argv(folder, sandbox.load(None), fake_host(), [str(tmp_path / "agents" / "other" / "bin")], places)
+        sandbox.fixed_argv(folder, sandboxfile.load(None), fake_host(), [str(tmp_path / "agents" / "other" / "bin")], places)
     # A keyring kept inside the files folder would be shown: refused.
     inside = agent.protected(folder, f"{folder.files}/keys", box.env)
     with pytest.raises(LinkRunError, match="contains the keyring"):
-        sandbox.fixed_argv(folder, sandbox.load(None), fake_host(), [], inside)
+        sandbox.fixed_argv(folder, sandboxfile.load(None), fake_host(), [], inside)
 
 
 def test_programs_kept_are_those_this_machine_has(tmp_path):
@@ -345,6 +345,6 @@ def test_a_sandbox_file_that_is_not_toml_names_where_its_form_is_shown(tmp_path)
     bad = tmp_path / "sandbox.toml"
     bad.write_text("[commands\nallow = [sh]\n")
     with pytest.raises(LinkRunError) as refused:
-        sandbox.load(str(bad))
+        sandboxfile.load(str(bad))
     assert refused.value.message.startswith(f"the sandbox file {bad} is not valid TOML")
     assert "README's \"Use it from an MCP client\"" in refused.value.hint and "Config/sandbox.toml" in refused.value.hint

@@ -13,7 +13,7 @@ from conftest import SERVER, clean_env, require_sandbox, text_of
 from sandbox_helpers import Agent, outer_sandbox
 
 from linkrun import up
-from linkrun.sandboxing import probe, sandbox
+from linkrun.sandboxing import probe, sandbox, sandboxfile
 from linkrun.errors import LinkRunError, UsageError
 
 
@@ -167,7 +167,7 @@ def test_up_fails_closed_in_one_line_when_namespaces_are_refused(box):
 
 def test_up_fails_closed_when_the_files_folder_is_not_visible_inside(box):
     folder = box.folder
-    fixed, _, _ = sandbox.build(folder, sandbox.load(None), box.env)
+    fixed, _, _ = sandbox.build(folder, sandboxfile.load(None), box.env)
     at = fixed.index(folder.files)  # drop the files folder's bind from the sandbox
     del fixed[at - 1:at + 2]
     with pytest.raises(LinkRunError, match="is not visible inside the sandbox"):

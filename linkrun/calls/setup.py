@@ -89,14 +89,14 @@ def kept_files_followed(folder: agent.AgentFolder) -> None:
     """The agent's kept sandbox file and spec, read as `up` reads them: one
     the user mended wrong had `up` start serve on the embedded defaults
     (up.py), and then nothing may run. Raises LinkRunError naming the fix."""
-    from ..sandboxing import sandbox
+    from ..sandboxing import sandboxfile
     from .spec import read_toml, run_settings
 
     def again(problem: LinkRunError) -> str:
         return f"{problem.hint + '; then' if problem.hint else 'mend it, then'} start the agent again (its MCP client starts it)"
 
     try:
-        sandbox.load(folder.sandbox_file)
+        sandboxfile.load(folder.sandbox_file)
     except LinkRunError as problem:
         raise KeptFileUnfollowed(problem.message, again(problem)) from None
     if os.path.exists(folder.spec_file):

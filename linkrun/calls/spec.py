@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from ..config import parse_duration, parse_size
 from ..errors import LinkRunError, UsageError
-from ..sandboxing import sandbox
+from ..sandboxing import sandboxfile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def run_settings(spec: Mapping[str, Any], source: str) -> dict[str, str]:
     if unknown:
         raise LinkRunError(f"{source}: [tool.run] has unknown key {unknown[0]!r}",
                            f"[tool.run] takes {', '.join(RUN_KEYS)}")
-    base = sandbox.defaults()["run"]
+    base = sandboxfile.defaults()["run"]
     values = {}
     for key, (flag, kind) in RUN_KEYS.items():
         value = run.get(key, base[key])

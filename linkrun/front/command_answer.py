@@ -88,7 +88,7 @@ def command_structured(outcome: Outcome, held: Holding | None = None,
 def lookup_note(outcome: Outcome, through_proxy: bool, sandbox_file: str) -> str | None:
     """Why a host's name could not be looked up, when a failed call's output says it could not; else None
     (a call that succeeded may well print the words: a grep of a log)."""
-    if (outcome.exit == 0 and outcome.signal is None) or outcome.no_internet or not _captured_says(outcome, LOOKUP_FAILED):
+    if not outcome.failed or outcome.no_internet or not _captured_says(outcome, LOOKUP_FAILED):
         return None
     if through_proxy:
         return ("[this call reaches the internet only through the agent's proxy, which its HTTPS_PROXY and "
@@ -100,7 +100,7 @@ def lookup_note(outcome: Outcome, through_proxy: bool, sandbox_file: str) -> str
 def unreached_server_note(outcome: Outcome, running: list[str]) -> str | None:
     """Why a server that `start` runs is not reached, when a failed call's output shows a connection
     refused while this conversation's background commands run; else None."""
-    if not running or (outcome.exit == 0 and outcome.signal is None) or not _captured_says(outcome, REFUSED):
+    if not running or not outcome.failed or not _captured_says(outcome, REFUSED):
         return None
     return (f"[a server that start runs ({', '.join(running[:3])}{' …' if len(running) > 3 else ''}) is in a "
             "sandbox of its own, with a network of its own: no other call reaches it. Run the server and what "

@@ -70,7 +70,7 @@ _COMMAND_OUTPUT = {
                           'where an rlimit holds it, its errors, or its output when they are empty, show an '
                           'allocation refused), "tasks" when a fork was refused at its task limit, "cpu" when it '
                           'used up its CPU time (an rlimit), "file" when a write past the largest file it may write '
-                          'was refused (SIGXFSZ, or "File too large"), else null.'),
+                          'was refused (SIGXFSZ, or EFBIG in its errors), else null.'),
         "limits": LIMITS_SCHEMA,
         **KEPT_SCHEMA,
     },
@@ -281,7 +281,7 @@ class Tools:
             lookup = lookup_note(outcome, self.settings.proxy, self.programs.sandbox_file)
             if lookup is not None:
                 result.add_note(lookup)
-            running = self.background.running_of(context.meta) if self.background is not None and outcome.exit else []
+            running = self.background.running_of(context.meta) if self.background is not None and outcome.failed else []
             if (unreached := unreached_server_note(outcome, running)) is not None:
                 result.add_note(unreached)
         return result

@@ -83,6 +83,11 @@ class Outcome:
     # Set by serve's owner of calls (calls/caller.py), for the answer's notes:
     git_notes: list[str] = field(default_factory=list)  # what the git check set aside (gitcheck.py)
     no_internet: str | None = None  # why the call had no internet, when it had none
+
+    @property
+    def failed(self) -> bool:
+        """It ended with an exit other than 0, or by a signal."""
+        return self.exit != 0 or self.signal is not None
     refused: str | None = None  # the note on the hosts the proxy refused this call, if any
 
     def __repr__(self) -> str:
@@ -200,8 +205,7 @@ class Runner:
                                   launch, keepers)
             outcome.limit = group.limit_hit() if group is not None else None
             # A call its timeout or a cancel ended did not end by a limit, whatever its errors say.
-            failed = (outcome.exit != 0 or outcome.signal is not None) and not outcome.timed_out and not outcome.cancelled
-            if outcome.limit is None and failed:
+            if outcome.limit is None and outcome.failed and not outcome.timed_out and not outcome.cancelled:
                 # The limits no cgroup holds here, and the largest file, rlimits all: signs in the end and errors.
                 from ..sandboxing.fallback import bitten
 
